@@ -5,6 +5,7 @@
 //! panic on anything read from disk, or talk to the network.
 
 pub mod backend;
+pub mod log;
 
 pub use backend::{
     BackendConfig, Durability, EvictionConfig, EvictionListener, EvictionPolicy, Limits,
