@@ -1,0 +1,301 @@
+//! A client connection that multiplexes concurrent calls over one TCP stream.
+//!
+//! A call encodes its frame, takes the write half's lock just long enough to write it, and waits
+//! on a oneshot that the connection's reader task completes when the answer with its request id
+//! arrives. A call that times out removes its entry, so a late answer is dropped. When the
+//! connection breaks, every waiting call fails with `Disconnected` and the next call reconnects.
+
+use bytes::{Bytes, BytesMut};
+use mooncake_common::ErrorCode;
+use mooncake_proto::{
+    decode_error_body, encode_frame, FrameDecoder, FrameError, FrameHeader, FrameKind,
+};
+use parking_lot::Mutex;
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Weak};
+use std::time::Duration;
+use thiserror::Error;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::oneshot;
+
+/// Why a call failed.
+#[derive(Debug, Clone, Error)]
+pub enum RpcError {
+    #[error("could not connect to {addr}: {message}")]
+    Connect { addr: SocketAddr, message: String },
+    #[error("connection lost: {0}")]
+    Disconnected(String),
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error("server answered {code}: {message}")]
+    Remote { code: ErrorCode, message: String },
+    #[error("bad frame from server: {0}")]
+    Frame(#[from] FrameError),
+    #[error("request of {len} bytes exceeds the frame limit of {max}")]
+    TooLarge { len: usize, max: usize },
+}
+
+impl RpcError {
+    /// The upstream error code a caller sees.
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            RpcError::Timeout(_) => ErrorCode::RPC_TIMEOUT,
+            RpcError::Remote { code, .. } => *code,
+            RpcError::TooLarge { .. } => ErrorCode::INVALID_PARAMS,
+            RpcError::Connect { .. } | RpcError::Disconnected(_) | RpcError::Frame(_) => {
+                ErrorCode::RPC_FAIL
+            }
+        }
+    }
+}
+
+/// Client limits and modes.
+#[derive(Debug, Clone)]
+pub struct ClientConfig {
+    pub connect_timeout: Duration,
+    /// Deadline of one call, from send to answer.
+    pub call_timeout: Duration,
+    pub max_frame_bytes: usize,
+    /// Opt-in low-latency mode: spin on the socket and on the answer for this long before parking.
+    pub busy_poll: Option<Duration>,
+}
+
+impl Default for ClientConfig {
+    fn default() -> Self {
+        ClientConfig {
+            connect_timeout: Duration::from_secs(3),
+            call_timeout: Duration::from_secs(10),
+            max_frame_bytes: mooncake_proto::DEFAULT_MAX_FRAME_BYTES,
+            busy_poll: None,
+        }
+    }
+}
+
+type Reply = Result<(FrameKind, Bytes), RpcError>;
+
+#[derive(Debug)]
+struct Connection {
+    writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
+    alive: AtomicBool,
+}
+
+impl Connection {
+    fn fail_all(&self, why: &str) {
+        self.alive.store(false, Ordering::Release);
+        let waiting: Vec<_> = self.pending.lock().drain().collect();
+        for (_, tx) in waiting {
+            let _ = tx.send(Err(RpcError::Disconnected(why.to_string())));
+        }
+    }
+}
+
+/// A reconnecting, multiplexing RPC client for one server address. Cheap to share (`Arc`).
+#[derive(Debug)]
+pub struct RpcClient {
+    addr: SocketAddr,
+    config: ClientConfig,
+    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    next_request_id: AtomicU64,
+}
+
+impl RpcClient {
+    /// A client for `addr`; it connects on the first call.
+    pub fn new(addr: SocketAddr, config: ClientConfig) -> Self {
+        RpcClient {
+            addr,
+            config,
+            connection: tokio::sync::Mutex::new(None),
+            next_request_id: AtomicU64::new(1),
+        }
+    }
+
+    /// The server address.
+    pub fn addr(&self) -> SocketAddr {
+        self.addr
+    }
+
+    /// Connects now (calls connect lazily otherwise).
+    pub async fn connect(&self) -> Result<(), RpcError> {
+        self.live_connection().await.map(|_| ())
+    }
+
+    async fn live_connection(&self) -> Result<Arc<Connection>, RpcError> {
+        let mut slot = self.connection.lock().await;
+        if let Some(connection) = slot.as_ref() {
+            if connection.alive.load(Ordering::Acquire) {
+                return Ok(connection.clone());
+            }
+        }
+        let connect_error = |message: String| RpcError::Connect {
+            addr: self.addr,
+            message,
+        };
+        let stream =
+            tokio::time::timeout(self.config.connect_timeout, TcpStream::connect(self.addr))
+                .await
+                .map_err(|_| connect_error("timed out".to_string()))?
+                .map_err(|e| connect_error(e.to_string()))?;
+        let _ = stream.set_nodelay(true);
+        let (reader, writer) = stream.into_split();
+        let connection = Arc::new(Connection {
+            writer: tokio::sync::Mutex::new(writer),
+            pending: Mutex::new(HashMap::new()),
+            alive: AtomicBool::new(true),
+        });
+        tokio::spawn(read_loop(
+            reader,
+            Arc::downgrade(&connection),
+            FrameDecoder::new(self.config.max_frame_bytes),
+            self.config.busy_poll,
+        ));
+        *slot = Some(connection.clone());
+        Ok(connection)
+    }
+
+    /// Sends one request and waits for its answer's body. Protocol-level failures (error frames)
+    /// come back as `RpcError::Remote`.
+    pub async fn call(&self, method: u16, body: &[u8]) -> Result<Bytes, RpcError> {
+        let len = body.len() + mooncake_proto::HEADER_BYTES;
+        if len > self.config.max_frame_bytes {
+            return Err(RpcError::TooLarge {
+                len,
+                max: self.config.max_frame_bytes,
+            });
+        }
+        let connection = self.live_connection().await?;
+        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+        let mut frame = BytesMut::with_capacity(len);
+        let header = FrameHeader {
+            kind: FrameKind::Request,
+            method,
+            request_id,
+        };
+        encode_frame(&mut frame, header, body);
+
+        let (tx, mut rx) = oneshot::channel();
+        connection.pending.lock().insert(request_id, tx);
+        let written = {
+            let mut writer = connection.writer.lock().await;
+            // If this future is dropped mid-write, the stream holds half a frame: the guard then
+            // retires the connection so the next call starts on a fresh one.
+            let guard = RetireOnDrop(&connection);
+            let result = writer.write_all(&frame).await;
+            std::mem::forget(guard);
+            result
+        };
+        if let Err(error) = written {
+            connection.pending.lock().remove(&request_id);
+            connection.fail_all(&error.to_string());
+            return Err(RpcError::Disconnected(error.to_string()));
+        }
+
+        if let Some(budget) = self.config.busy_poll {
+            let early = crate::spin_for(budget, || match rx.try_recv() {
+                Ok(reply) => Some(Some(reply)),
+                Err(oneshot::error::TryRecvError::Empty) => None,
+                Err(oneshot::error::TryRecvError::Closed) => Some(None),
+            });
+            if let Some(reply) = early {
+                return finish(reply);
+            }
+        }
+        match tokio::time::timeout(self.config.call_timeout, &mut rx).await {
+            Ok(reply) => finish(reply.ok()),
+            Err(_) => {
+                connection.pending.lock().remove(&request_id);
+                Err(RpcError::Timeout(self.config.call_timeout))
+            }
+        }
+    }
+}
+
+struct RetireOnDrop<'a>(&'a Connection);
+
+impl Drop for RetireOnDrop<'_> {
+    fn drop(&mut self) {
+        self.0
+            .fail_all("a call was cancelled in the middle of writing its request");
+    }
+}
+
+fn finish(reply: Option<Reply>) -> Result<Bytes, RpcError> {
+    match reply {
+        Some(Ok((FrameKind::Error, body))) => {
+            let (code, message) = decode_error_body(&body);
+            Err(RpcError::Remote { code, message })
+        }
+        Some(Ok((_, body))) => Ok(body),
+        Some(Err(error)) => Err(error),
+        None => Err(RpcError::Disconnected("connection closed".to_string())),
+    }
+}
+
+/// Holds the connection weakly: when the last `RpcClient` and call let go of it, the write half
+/// closes, the server hangs up, and this task ends.
+async fn read_loop(
+    mut reader: OwnedReadHalf,
+    connection: Weak<Connection>,
+    decoder: FrameDecoder,
+    busy_poll: Option<Duration>,
+) {
+    let mut buf = BytesMut::with_capacity(64 << 10);
+    let why = loop {
+        loop {
+            match decoder.decode(&mut buf) {
+                Ok(Some(frame)) => {
+                    let Some(connection) = connection.upgrade() else {
+                        return;
+                    };
+                    let id = frame.header.request_id;
+                    if id == 0 && frame.header.kind == FrameKind::Error {
+                        // A connection-level error (limit reached, bad frame): fail everyone.
+                        let (code, message) = decode_error_body(&frame.body);
+                        connection
+                            .fail_all(&format!("server closed the connection: {code}: {message}"));
+                        return;
+                    }
+                    let waiter = connection.pending.lock().remove(&id);
+                    if let Some(tx) = waiter {
+                        let _ = tx.send(Ok((frame.header.kind, frame.body.freeze())));
+                    }
+                }
+                Ok(None) => break,
+                Err(error) => {
+                    if let Some(connection) = connection.upgrade() {
+                        connection.fail_all(&error.to_string());
+                    }
+                    return;
+                }
+            }
+        }
+        if buf.capacity() - buf.len() < 4096 {
+            buf.reserve(64 << 10);
+        }
+        if let Some(budget) = busy_poll {
+            let got = crate::spin_for(budget, || match reader.try_read_buf(&mut buf) {
+                Ok(n) => Some(Ok(n)),
+                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
+                Err(e) => Some(Err(e)),
+            });
+            match got {
+                Some(Ok(0)) => break "server closed the connection".to_string(),
+                Some(Ok(_)) => continue,
+                Some(Err(error)) => break error.to_string(),
+                None => {}
+            }
+        }
+        match reader.read_buf(&mut buf).await {
+            Ok(0) => break "server closed the connection".to_string(),
+            Ok(_) => {}
+            Err(error) => break error.to_string(),
+        }
+    };
+    if let Some(connection) = connection.upgrade() {
+        connection.fail_all(&why);
+    }
+}

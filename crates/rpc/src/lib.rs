@@ -1,0 +1,31 @@
+//! The RPC runtime under the master's protocol: a tokio server that reads frames, hands each
+//! request to a synchronous [`Handler`] and writes the answers back (pipelined: many requests in
+//! flight per connection, answers batched into few writes), and a client connection that
+//! multiplexes concurrent calls by request id, with per-call timeouts and reconnection.
+//!
+//! Owns: sockets, connection limits, shutdown, busy-polling. Must never: interpret request bodies
+//! (that is the handler's job), panic on what a peer sends, or buffer more than one frame limit
+//! per connection because a peer asked it to.
+
+pub mod client;
+pub mod server;
+
+pub use client::{ClientConfig, RpcClient, RpcError};
+pub use server::{Handler, HandlerError, RpcServer, ServerConfig, ServerStats};
+
+use std::time::{Duration, Instant};
+
+/// Spins for up to `budget` calling `attempt` until it yields a value; `None` when the budget ran
+/// out. Used by the opt-in low-latency mode on both sides of a connection.
+pub(crate) fn spin_for<T>(budget: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    let start = Instant::now();
+    loop {
+        if let Some(value) = attempt() {
+            return Some(value);
+        }
+        if start.elapsed() >= budget {
+            return None;
+        }
+        std::hint::spin_loop();
+    }
+}

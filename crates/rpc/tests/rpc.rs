@@ -1,0 +1,309 @@
+//! The RPC runtime over real loopback sockets: pipelining, errors, limits, malformed input,
+//! timeouts, reconnection and shutdown.
+#![allow(clippy::unwrap_used)]
+
+use bytes::{BufMut, BytesMut};
+use mooncake_common::ErrorCode;
+use mooncake_proto::{decode_error_body, FrameDecoder, FrameKind};
+use mooncake_rpc::{
+    ClientConfig, Handler, HandlerError, RpcClient, RpcError, RpcServer, ServerConfig,
+};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+
+const ECHO: u16 = 1;
+const REVERSE: u16 = 2;
+
+struct TestHandler;
+
+impl Handler for TestHandler {
+    fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        match method {
+            ECHO => out.put_slice(body),
+            REVERSE => out.extend(body.iter().rev()),
+            other => {
+                return Err(HandlerError::new(
+                    ErrorCode::INVALID_PARAMS,
+                    format!("unknown method {other}"),
+                ))
+            }
+        }
+        Ok(())
+    }
+}
+
+fn loopback() -> SocketAddr {
+    "127.0.0.1:0".parse().unwrap()
+}
+
+async fn start(config: ServerConfig) -> RpcServer {
+    RpcServer::bind(loopback(), Arc::new(TestHandler), config)
+        .await
+        .unwrap()
+}
+
+fn quick_client(addr: SocketAddr) -> RpcClient {
+    let config = ClientConfig {
+        call_timeout: Duration::from_secs(5),
+        ..ClientConfig::default()
+    };
+    RpcClient::new(addr, config)
+}
+
+/// Reads one frame from a raw socket, bounded in time.
+async fn read_frame(stream: &mut TcpStream) -> Option<(mooncake_proto::FrameHeader, Vec<u8>)> {
+    let decoder = FrameDecoder::default();
+    let mut buf = BytesMut::new();
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if let Some(frame) = decoder.decode(&mut buf).unwrap() {
+            return Some((frame.header, frame.body.to_vec()));
+        }
+        let read = tokio::time::timeout_at(deadline, stream.read_buf(&mut buf)).await;
+        match read {
+            Ok(Ok(0)) | Ok(Err(_)) | Err(_) => return None,
+            Ok(Ok(_)) => {}
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn many_concurrent_calls_on_one_connection_get_their_own_answers() {
+    let server = start(ServerConfig::default()).await;
+    let client = Arc::new(quick_client(server.local_addr()));
+    let mut tasks = Vec::new();
+    for i in 0..2000u32 {
+        let client = client.clone();
+        tasks.push(tokio::spawn(async move {
+            let body = i.to_le_bytes();
+            let method = if i % 2 == 0 { ECHO } else { REVERSE };
+            let answer = client.call(method, &body).await.unwrap();
+            let mut expected = body.to_vec();
+            if method == REVERSE {
+                expected.reverse();
+            }
+            assert_eq!(&answer[..], &expected[..], "request {i}");
+        }));
+    }
+    for task in tasks {
+        task.await.unwrap();
+    }
+    assert_eq!(
+        server
+            .stats()
+            .connections_accepted
+            .load(std::sync::atomic::Ordering::Relaxed),
+        1
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn unknown_method_is_an_error_answer_and_the_connection_survives() {
+    let server = start(ServerConfig::default()).await;
+    let client = quick_client(server.local_addr());
+    let err = client.call(999, b"x").await.unwrap_err();
+    assert!(
+        matches!(
+            err,
+            RpcError::Remote {
+                code: ErrorCode::INVALID_PARAMS,
+                ..
+            }
+        ),
+        "{err:?}"
+    );
+    assert_eq!(
+        &client.call(ECHO, b"still here").await.unwrap()[..],
+        b"still here"
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn large_bodies_round_trip_and_oversized_requests_are_refused_locally() {
+    let server = start(ServerConfig::default()).await;
+    let client = quick_client(server.local_addr());
+    let body: Vec<u8> = (0..(4 << 20)).map(|i| (i % 251) as u8).collect();
+    assert_eq!(&client.call(ECHO, &body).await.unwrap()[..], &body[..]);
+    let huge = vec![0u8; mooncake_proto::DEFAULT_MAX_FRAME_BYTES];
+    let err = client.call(ECHO, &huge).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::INVALID_PARAMS);
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn malformed_frames_close_only_the_offending_connection() {
+    let server = start(ServerConfig::default()).await;
+    let good = quick_client(server.local_addr());
+    assert_eq!(&good.call(ECHO, b"a").await.unwrap()[..], b"a");
+
+    // Oversized length prefix.
+    let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
+    raw.write_all(&[0xff, 0xff, 0xff, 0x7f]).await.unwrap();
+    let (header, body) = read_frame(&mut raw).await.unwrap();
+    assert_eq!(header.kind, FrameKind::Error);
+    assert_eq!(decode_error_body(&body).0, ErrorCode::BUFFER_OVERFLOW);
+    assert!(
+        read_frame(&mut raw).await.is_none(),
+        "connection must be closed"
+    );
+
+    // Wrong version.
+    let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
+    raw.write_all(&[12, 0, 0, 0, 9, 0, 1, 0, 1, 0, 0, 0, 0, 0, 0, 0])
+        .await
+        .unwrap();
+    let (_, body) = read_frame(&mut raw).await.unwrap();
+    assert_eq!(decode_error_body(&body).0, ErrorCode::INVALID_VERSION);
+
+    // A client that disconnects in the middle of a frame.
+    let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
+    raw.write_all(&[100, 0, 0, 0, 1, 0, 1, 0]).await.unwrap();
+    drop(raw);
+
+    // Garbage of every kind, then the well-behaved client still works.
+    for seed in 0..50u8 {
+        let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
+        let junk: Vec<u8> = (0..64u8)
+            .map(|i| seed.wrapping_mul(31).wrapping_add(i.wrapping_mul(7)))
+            .collect();
+        let _ = raw.write_all(&junk).await;
+    }
+    assert_eq!(&good.call(ECHO, b"b").await.unwrap()[..], b"b");
+    assert!(
+        server
+            .stats()
+            .frame_errors
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 2
+    );
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_over_the_limit_are_refused_and_the_rest_are_served() {
+    let config = ServerConfig {
+        max_connections: 16,
+        ..ServerConfig::default()
+    };
+    let server = start(config).await;
+    let mut held = Vec::new();
+    for _ in 0..16 {
+        let client = quick_client(server.local_addr());
+        client.call(ECHO, b"hold").await.unwrap();
+        held.push(client);
+    }
+    // 40 more idle connections: each is told "limit reached" and closed.
+    for _ in 0..40 {
+        let mut raw = TcpStream::connect(server.local_addr()).await.unwrap();
+        let (header, body) = read_frame(&mut raw).await.unwrap();
+        assert_eq!(header.kind, FrameKind::Error);
+        assert_eq!(
+            decode_error_body(&body).0,
+            ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+        );
+    }
+    for client in &held {
+        assert_eq!(&client.call(ECHO, b"ok").await.unwrap()[..], b"ok");
+    }
+    let over = quick_client(server.local_addr());
+    assert_eq!(
+        over.call(ECHO, b"x").await.unwrap_err().code(),
+        ErrorCode::RPC_FAIL
+    );
+    // Releasing one slot lets a new client in.
+    drop(held.pop());
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        let retry = quick_client(server.local_addr());
+        if retry.call(ECHO, b"in").await.is_ok() {
+            break;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "slot never freed");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn a_silent_server_makes_calls_time_out_with_rpc_timeout() {
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sink = tokio::spawn(async move {
+        let (mut stream, _) = listener.accept().await.unwrap();
+        let mut buf = vec![0u8; 1024];
+        while let Ok(n) = stream.read(&mut buf).await {
+            if n == 0 {
+                break;
+            }
+        }
+    });
+    let client = RpcClient::new(
+        addr,
+        ClientConfig {
+            call_timeout: Duration::from_millis(200),
+            ..ClientConfig::default()
+        },
+    );
+    let started = std::time::Instant::now();
+    let err = client.call(ECHO, b"anyone?").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::RPC_TIMEOUT);
+    assert!(started.elapsed() < Duration::from_secs(2));
+    drop(client);
+    sink.abort();
+}
+
+#[tokio::test]
+async fn the_client_reconnects_after_the_server_restarts() {
+    let server = start(ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let client = quick_client(addr);
+    assert_eq!(&client.call(ECHO, b"1").await.unwrap()[..], b"1");
+    server.shutdown().await;
+    assert_eq!(
+        client.call(ECHO, b"2").await.unwrap_err().code(),
+        ErrorCode::RPC_FAIL
+    );
+    let server = RpcServer::bind(addr, Arc::new(TestHandler), ServerConfig::default())
+        .await
+        .unwrap();
+    assert_eq!(&client.call(ECHO, b"3").await.unwrap()[..], b"3");
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn busy_poll_mode_answers_the_same() {
+    let config = ServerConfig {
+        busy_poll: Some(Duration::from_micros(50)),
+        ..ServerConfig::default()
+    };
+    let server = start(config).await;
+    let client = RpcClient::new(
+        server.local_addr(),
+        ClientConfig {
+            busy_poll: Some(Duration::from_micros(50)),
+            ..ClientConfig::default()
+        },
+    );
+    for i in 0..200u32 {
+        assert_eq!(
+            &client.call(ECHO, &i.to_le_bytes()).await.unwrap()[..],
+            &i.to_le_bytes()
+        );
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test]
+async fn after_shutdown_the_port_refuses_connections() {
+    let server = start(ServerConfig::default()).await;
+    let addr = server.local_addr();
+    let client = quick_client(addr);
+    client.call(ECHO, b"x").await.unwrap();
+    server.shutdown().await;
+    assert!(TcpStream::connect(addr).await.is_err());
+}
