@@ -292,7 +292,10 @@ mod tests {
     fn rejects_short_bad_version_and_bad_kind() {
         let decoder = FrameDecoder::default();
         let mut short = BytesMut::from(&[3, 0, 0, 0, 1, 0, 0][..]);
-        assert!(matches!(decoder.decode(&mut short), Err(FrameError::TooShort { .. })));
+        assert!(matches!(
+            decoder.decode(&mut short),
+            Err(FrameError::TooShort { .. })
+        ));
         let mut version = BytesMut::from(&[12, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
         assert_eq!(decoder.decode(&mut version), Err(FrameError::Version(9)));
         let mut kind = BytesMut::from(&[12, 0, 0, 0, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
