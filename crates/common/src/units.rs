@@ -61,6 +61,31 @@ pub fn parse_size(text: &str) -> Result<u64, SizeParseError> {
     Ok(bytes.round() as u64)
 }
 
+/// Why a duration string was refused.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+#[error("not a duration: {0:?} (expected milliseconds or a number with ms, s, m or h, e.g. \"10000\", \"10s\")")]
+pub struct DurationParseError(pub String);
+
+/// Parses a duration in milliseconds the way upstream's master flags do: raw milliseconds
+/// (`"10000"`) or a whole number with an `ms`, `s`, `m` or `h` suffix (`"10s"`, `"30m"`).
+pub fn parse_duration_ms(text: &str) -> Result<u64, DurationParseError> {
+    let trimmed = text.trim();
+    let split = trimmed
+        .find(|c: char| !c.is_ascii_digit())
+        .unwrap_or(trimmed.len());
+    let (number, unit) = trimmed.split_at(split);
+    let error = || DurationParseError(text.to_string());
+    let value: u64 = number.parse().map_err(|_| error())?;
+    let multiplier: u64 = match unit.trim() {
+        "" | "ms" => 1,
+        "s" => 1_000,
+        "m" => 60_000,
+        "h" => 3_600_000,
+        _ => return Err(error()),
+    };
+    value.checked_mul(multiplier).ok_or_else(error)
+}
+
 /// Formats a byte count for people: `1.5 GiB`, `16 MiB`, `512 B`.
 pub fn format_size(bytes: u64) -> String {
     const UNITS: [&str; 5] = ["B", "KiB", "MiB", "GiB", "TiB"];
@@ -120,6 +145,20 @@ mod tests {
             parse_size("99999999999TB"),
             Err(SizeParseError::Overflow(_))
         ));
+    }
+
+    #[test]
+    fn parses_upstream_durations() {
+        assert_eq!(parse_duration_ms("10000"), Ok(10_000));
+        assert_eq!(parse_duration_ms("250ms"), Ok(250));
+        assert_eq!(parse_duration_ms("10s"), Ok(10_000));
+        assert_eq!(parse_duration_ms("30m"), Ok(1_800_000));
+        assert_eq!(parse_duration_ms("24h"), Ok(86_400_000));
+        assert!(parse_duration_ms("").is_err());
+        assert!(parse_duration_ms("10 parsecs").is_err());
+        assert!(parse_duration_ms("-1s").is_err());
+        assert!(parse_duration_ms("1.5s").is_err());
+        assert!(parse_duration_ms("99999999999999999999h").is_err());
     }
 
     #[test]
