@@ -1,12 +1,28 @@
-//! Types shared by every mooncake-rs crate: upstream's error codes, size units, and (added by the
-//! master work) ids, tenants, replicate configs, replica descriptors and clocks.
+//! Types shared by every mooncake-rs crate: upstream's error codes, size units, ids, tenants,
+//! replicate configs, replica descriptors, segments and clocks. Every type that an RPC will carry
+//! derives serde's `Serialize`/`Deserialize`.
 //!
 //! This crate owns vocabulary only. It must never do I/O, spawn threads or depend on another
 //! mooncake crate.
 #![forbid(unsafe_code)]
 
+pub mod clock;
+pub mod config;
 pub mod error;
+pub mod ids;
+pub mod replica;
+pub mod segment;
+pub mod tenant;
 pub mod units;
 
+pub use clock::{Clock, ManualClock, SystemClock};
+pub use config::{DataType, ReplicateConfig, SoftPinAction};
 pub use error::ErrorCode;
+pub use ids::{ClientId, IdParseError, ReplicaId, SegmentId, TaskId, Uuid};
+pub use replica::{
+    ClientStatus, DfsDescriptor, DiskDescriptor, LocalDiskDescriptor, MemoryDescriptor,
+    ReplicaDescriptor, ReplicaKind, ReplicaStatus, ReplicaType, SegmentStatus,
+};
+pub use segment::{GetReplicaListResponse, ObjectMeta, PingResponse, Segment};
+pub use tenant::{TenantId, DEFAULT_TENANT};
 pub use units::{format_size, parse_size, SizeParseError};
