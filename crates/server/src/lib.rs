@@ -1,0 +1,10 @@
+//! Process wiring of the master: configuration, the RPC service over the master core, the HTTP
+//! admin and metrics endpoints, and the background workers.
+//!
+//! Owns: sockets, timers, threads and configuration of the master process. Must never: hold
+//! metadata of its own (the `mooncake-master` state machine is the single source of truth) or hold
+//! a lock across an `.await`.
+
+pub mod config;
+
+pub use config::{ConfigError, MasterConfig, ResolvedConfig};
