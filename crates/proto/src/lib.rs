@@ -6,9 +6,15 @@
 //! the frame limit because a peer said so.
 #![forbid(unsafe_code)]
 
+pub mod codec;
 pub mod frame;
+pub mod limits;
+pub mod methods;
 
+pub use codec::{decode, encode, encode_into, CodecError};
 pub use frame::{
     decode_error_body, encode_error, encode_frame, encode_header, Frame, FrameDecoder, FrameError,
     FrameHeader, FrameKind, DEFAULT_MAX_FRAME_BYTES, HEADER_BYTES, PROTOCOL_VERSION,
 };
+pub use limits::Limits;
+pub use methods::{method_name, Method, Reply, METHODS};

@@ -1,0 +1,49 @@
+//! Body codec: postcard (compact varints, serde) with explicit limits.
+
+use bytes::{BufMut, BytesMut};
+use mooncake_common::ErrorCode;
+use serde::de::DeserializeOwned;
+use serde::Serialize;
+use thiserror::Error;
+
+/// A body that could not be encoded or decoded.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum CodecError {
+    #[error("cannot encode body: {0}")]
+    Encode(String),
+    #[error("cannot decode body: {0}")]
+    Decode(String),
+}
+
+impl CodecError {
+    pub fn code(&self) -> ErrorCode {
+        match self {
+            CodecError::Encode(_) => ErrorCode::SERIALIZE_FAIL,
+            CodecError::Decode(_) => ErrorCode::DESERIALIZE_FAIL,
+        }
+    }
+}
+
+/// Appends the encoding of `value` to `out`.
+pub fn encode_into<T: Serialize + ?Sized>(value: &T, out: &mut BytesMut) -> Result<(), CodecError> {
+    let writer = out.writer();
+    postcard::to_io(value, writer).map_err(|e| CodecError::Encode(e.to_string()))?;
+    Ok(())
+}
+
+/// Encodes `value` into a new buffer.
+pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<BytesMut, CodecError> {
+    let mut out = BytesMut::new();
+    encode_into(value, &mut out)?;
+    Ok(out)
+}
+
+/// Decodes a whole body; trailing bytes are an error (a body is exactly one value).
+pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, CodecError> {
+    let (value, rest) =
+        postcard::take_from_bytes(body).map_err(|e| CodecError::Decode(e.to_string()))?;
+    if !rest.is_empty() {
+        return Err(CodecError::Decode(format!("{} trailing bytes", rest.len())));
+    }
+    Ok(value)
+}

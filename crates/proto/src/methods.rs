@@ -1,0 +1,238 @@
+//! One request type per master RPC, its method id and its reply type.
+//!
+//! Each request struct is named after its method and implements [`Method`]; the reply of every
+//! method is `Result<T, ErrorCode>`, so an operation's failure travels in the body with upstream's
+//! code. Ids are stable wire values: never renumber, only append.
+//!
+//! Tenants travel as strings (empty = `default`) and are validated by the server, as upstream.
+
+use mooncake_common::{
+    ClientId, ErrorCode, GetReplicaListResponse, ObjectMeta, PingResponse, ReplicaDescriptor,
+    ReplicaType, ReplicateConfig, Segment, SegmentId, SegmentStatus,
+};
+use serde::de::DeserializeOwned;
+use serde::{Deserialize, Serialize};
+
+use crate::limits::{check_key, check_keys, check_len, Limits};
+
+/// A master RPC: its wire id, its request (the implementing type) and its reply.
+pub trait Method: Serialize + DeserializeOwned + Send + Sync + 'static {
+    const ID: u16;
+    const NAME: &'static str;
+    /// What the call returns on success.
+    type Output: Serialize + DeserializeOwned + Send + 'static;
+
+    /// Checks the request against the protocol limits (key length, batch length).
+    fn check_limits(&self, limits: &Limits) -> Result<(), ErrorCode>;
+}
+
+/// The reply body of method `M`.
+pub type Reply<M> = Result<<M as Method>::Output, ErrorCode>;
+
+macro_rules! methods {
+    ($(
+        $(#[$doc:meta])*
+        $id:literal $name:ident { $($field:ident : $ty:ty),* $(,)? } -> $out:ty
+        , limits($self_:ident, $lim:ident) $check:block ;
+    )*) => {
+        $(
+            $(#[$doc])*
+            #[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+            pub struct $name { $(pub $field: $ty),* }
+
+            impl Method for $name {
+                const ID: u16 = $id;
+                const NAME: &'static str = stringify!($name);
+                type Output = $out;
+                #[allow(unused_variables)]
+                fn check_limits(&self, limits: &Limits) -> Result<(), ErrorCode> {
+                    let $self_ = self;
+                    let $lim = limits;
+                    $check
+                }
+            }
+        )*
+
+        /// Every method: (id, name).
+        pub const METHODS: &[(u16, &str)] = &[ $( ($id, stringify!($name)), )* ];
+    };
+}
+
+/// The name of a method id, for logs and metrics.
+pub fn method_name(id: u16) -> Option<&'static str> {
+    METHODS
+        .iter()
+        .find(|(m, _)| *m == id)
+        .map(|(_, name)| *name)
+}
+
+methods! {
+    /// Whether `key` has a readable replica (grants a read lease when it does).
+    1 ExistKey { key: String, tenant: String } -> bool,
+        limits(s, l) { check_key(&s.key, l) };
+    2 BatchExistKey { keys: Vec<String>, tenant: String } -> Vec<Result<bool, ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l) };
+    /// Readable replicas and a read lease, in one round trip.
+    3 GetReplicaList { key: String, tenant: String } -> GetReplicaListResponse,
+        limits(s, l) { check_key(&s.key, l) };
+    4 BatchGetReplicaList { keys: Vec<String>, tenant: String }
+        -> Vec<Result<GetReplicaListResponse, ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l) };
+    5 GetReplicaListByRegex { regex: String, tenant: String }
+        -> Vec<(String, Vec<ReplicaDescriptor>)>,
+        limits(s, l) { check_key(&s.regex, l) };
+    /// Allocates the replicas of a new object; the caller then writes them and calls PutEnd.
+    6 PutStart { client: ClientId, key: String, value_len: u64, config: ReplicateConfig, tenant: String }
+        -> Vec<ReplicaDescriptor>,
+        limits(s, l) { check_key(&s.key, l) };
+    7 BatchPutStart { client: ClientId, keys: Vec<String>, value_lens: Vec<u64>, config: ReplicateConfig, tenant: String }
+        -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l)?; check_len(s.value_lens.len(), l) };
+    8 PutEnd { client: ClientId, meta: ObjectMeta, replica_type: ReplicaType, tenant: String } -> (),
+        limits(s, l) { check_key(&s.meta.key, l) };
+    9 BatchPutEnd { client: ClientId, metas: Vec<ObjectMeta>, replica_type: ReplicaType, tenant: String }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) { check_len(s.metas.len(), l)?; s.metas.iter().try_for_each(|m| check_key(&m.key, l)) };
+    10 PutRevoke { client: ClientId, key: String, replica_type: ReplicaType, tenant: String } -> (),
+        limits(s, l) { check_key(&s.key, l) };
+    11 BatchPutRevoke { client: ClientId, keys: Vec<String>, replica_type: ReplicaType, tenant: String }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l) };
+    12 UpsertStart { client: ClientId, key: String, value_len: u64, config: ReplicateConfig, tenant: String }
+        -> Vec<ReplicaDescriptor>,
+        limits(s, l) { check_key(&s.key, l) };
+    13 BatchUpsertStart { client: ClientId, keys: Vec<String>, value_lens: Vec<u64>, config: ReplicateConfig, tenant: String }
+        -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l)?; check_len(s.value_lens.len(), l) };
+    14 UpsertEnd { client: ClientId, meta: ObjectMeta, replica_type: ReplicaType, tenant: String } -> (),
+        limits(s, l) { check_key(&s.meta.key, l) };
+    15 BatchUpsertEnd { client: ClientId, metas: Vec<ObjectMeta>, tenant: String }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) { check_len(s.metas.len(), l)?; s.metas.iter().try_for_each(|m| check_key(&m.key, l)) };
+    16 UpsertRevoke { client: ClientId, key: String, replica_type: ReplicaType, tenant: String } -> (),
+        limits(s, l) { check_key(&s.key, l) };
+    17 BatchUpsertRevoke { client: ClientId, keys: Vec<String>, tenant: String }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l) };
+    18 Remove { key: String, force: bool, tenant: String } -> (),
+        limits(s, l) { check_key(&s.key, l) };
+    19 BatchRemove { keys: Vec<String>, force: bool, tenant: String } -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l) };
+    /// Returns how many objects were removed.
+    20 RemoveByRegex { regex: String, force: bool, tenant: String } -> i64,
+        limits(s, l) { check_key(&s.regex, l) };
+    21 RemoveAll { force: bool, tenant: String } -> i64,
+        limits(s, l) { Ok(()) };
+    /// Drops the replicas of `keys` on `segment_name` held by `client`; returns the cleared keys.
+    22 BatchReplicaClear { keys: Vec<String>, client: ClientId, segment_name: String } -> Vec<String>,
+        limits(s, l) { check_keys(&s.keys, l) };
+    23 MountSegment { segment: Segment, client: ClientId } -> (),
+        limits(s, l) { Ok(()) };
+    24 ReMountSegment { segments: Vec<Segment>, client: ClientId } -> (),
+        limits(s, l) { check_len(s.segments.len(), l) };
+    25 UnmountSegment { segment_id: SegmentId, client: ClientId } -> (),
+        limits(s, l) { Ok(()) };
+    26 GracefulUnmountSegment { segment_id: SegmentId, client: ClientId, grace_period_ms: u64 } -> (),
+        limits(s, l) { Ok(()) };
+    27 Ping { client: ClientId } -> PingResponse,
+        limits(s, l) { Ok(()) };
+    /// The master's version string.
+    28 ServiceReady {} -> String,
+        limits(s, l) { Ok(()) };
+    29 QuerySegmentStatus { segment_name: String } -> SegmentStatus,
+        limits(s, l) { check_key(&s.segment_name, l) };
+    30 QuerySegmentStatusById { segment_id: SegmentId } -> SegmentStatus,
+        limits(s, l) { Ok(()) };
+    /// Keys of a tenant with a readable replica (ours: upstream has this on HTTP only).
+    31 GetAllKeys { tenant: String } -> Vec<String>,
+        limits(s, l) { Ok(()) };
+    /// Mounted segments with usage (ours: upstream has this on HTTP only).
+    32 GetSegmentsDetail {} -> Vec<SegmentDetail>,
+        limits(s, l) { Ok(()) };
+}
+
+/// One mounted segment as `GetSegmentsDetail` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SegmentDetail {
+    pub segment: Segment,
+    pub client: ClientId,
+    pub status: SegmentStatus,
+    pub used_bytes: u64,
+    pub capacity_bytes: u64,
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use super::*;
+    use crate::codec::{decode, encode};
+
+    #[test]
+    fn method_ids_are_unique_and_named() {
+        let mut ids: Vec<u16> = METHODS.iter().map(|(id, _)| *id).collect();
+        ids.sort_unstable();
+        ids.dedup();
+        assert_eq!(ids.len(), METHODS.len());
+        assert_eq!(method_name(ExistKey::ID), Some("ExistKey"));
+        assert_eq!(method_name(9999), None);
+    }
+
+    #[test]
+    fn requests_and_replies_round_trip() {
+        let request = PutStart {
+            client: ClientId::new(1, 2),
+            key: "k".into(),
+            value_len: 4096,
+            config: ReplicateConfig::default(),
+            tenant: String::new(),
+        };
+        let bytes = encode(&request).unwrap();
+        assert_eq!(decode::<PutStart>(&bytes).unwrap(), request);
+
+        let reply: Reply<BatchExistKey> = Ok(vec![Ok(true), Err(ErrorCode::OBJECT_NOT_FOUND)]);
+        let bytes = encode(&reply).unwrap();
+        assert_eq!(decode::<Reply<BatchExistKey>>(&bytes).unwrap(), reply);
+
+        let failed: Reply<Remove> = Err(ErrorCode::OBJECT_HAS_LEASE);
+        let bytes = encode(&failed).unwrap();
+        assert_eq!(decode::<Reply<Remove>>(&bytes).unwrap(), failed);
+    }
+
+    #[test]
+    fn garbage_and_trailing_bytes_are_decode_errors() {
+        assert!(decode::<PutStart>(&[0xff; 3]).is_err());
+        let mut bytes = encode(&ExistKey {
+            key: "a".into(),
+            tenant: String::new(),
+        })
+        .unwrap();
+        bytes.extend_from_slice(&[0]);
+        assert!(decode::<ExistKey>(&bytes).is_err());
+        // A length prefix claiming 2^32 keys in a 10-byte body fails without a huge allocation.
+        let hostile = [0xff, 0xff, 0xff, 0xff, 0x0f, 0, 0, 0, 0, 0];
+        assert!(decode::<BatchExistKey>(&hostile).is_err());
+    }
+
+    #[test]
+    fn limits_refuse_long_keys_and_batches() {
+        let limits = Limits {
+            max_key_bytes: 8,
+            max_batch_len: 2,
+        };
+        let ok = ExistKey {
+            key: "12345678".into(),
+            tenant: String::new(),
+        };
+        assert_eq!(ok.check_limits(&limits), Ok(()));
+        let long = ExistKey {
+            key: "123456789".into(),
+            tenant: String::new(),
+        };
+        assert_eq!(long.check_limits(&limits), Err(ErrorCode::INVALID_KEY));
+        let batch = BatchExistKey {
+            keys: vec!["a".into(); 3],
+            tenant: String::new(),
+        };
+        assert_eq!(batch.check_limits(&limits), Err(ErrorCode::INVALID_PARAMS));
+    }
+}
