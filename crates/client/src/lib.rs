@@ -1,0 +1,10 @@
+//! Clients of a mooncake-rs cluster. Today: [`MasterClient`], the typed RPC client of the master.
+//! The store client (put/get through the transfer engine) builds on it.
+//!
+//! Owns: request construction, error typing, connection reuse. Must never: interpret replica
+//! bytes it did not verify, or retry an operation that is not idempotent without saying so.
+#![forbid(unsafe_code)]
+
+pub mod master_client;
+
+pub use master_client::{MasterClient, MasterError};
