@@ -6,5 +6,6 @@
 //! a lock across an `.await`.
 
 pub mod config;
+pub mod metrics;
 
 pub use config::{ConfigError, MasterConfig, ResolvedConfig};
