@@ -286,6 +286,12 @@ impl LogBackend {
         self.closed.store(true, Ordering::SeqCst);
     }
 
+    /// `(byte offset, blocks)` of the record that holds `key`. For tests that damage records.
+    #[doc(hidden)]
+    pub fn record_location(&self, key: &str) -> Option<(u64, u64)> {
+        self.index.get(key).map(|e| (e.offset, e.blocks))
+    }
+
     /// Writes a checkpoint now (what `flush` does).
     pub fn checkpoint(&self) -> Result<(), StorageError> {
         let mut last = self.checkpoint_lock.lock();

@@ -42,6 +42,9 @@ pub struct RecoveryReport {
     /// Checkpoint entries or post-checkpoint headers whose record failed verification
     /// (torn, checksum mismatch, key mismatch, out of range): dropped, space freed.
     pub dropped_corrupt: u64,
+    /// Checkpoint entries whose header block is zero: removed, evicted or replaced after the
+    /// checkpoint (removal zeroes the header). Not corruption.
+    pub retired: u64,
     /// Intact records of a key that a record with a higher sequence number replaced.
     pub superseded: u64,
     /// Bytes the scan read (excluding holes it skipped).
@@ -249,6 +252,10 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
                 recover.drop_record(&e.key, "checkpoint entry out of range or overlapping");
                 continue;
             }
+            if recover.header_is_zero(e.offset) {
+                recover.report.retired += 1;
+                continue;
+            }
             match recover.verify(e.offset, Some(e)) {
                 Ok((_, h)) => {
                     ckpt_ranges.push((e.offset / BLOCK_BYTES - 1, blocks));
@@ -367,6 +374,13 @@ impl Recoverer<'_> {
         if self.report.dropped.len() < MAX_REPORTED_DROPS {
             self.report.dropped.push((key.to_owned(), reason.to_owned()));
         }
+    }
+
+    /// Whether the record header at `offset` was zeroed (the record was retired).
+    fn header_is_zero(&self, offset: u64) -> bool {
+        let mut head = [0u8; format::RECORD_HEADER_BYTES];
+        matches!(read_up_to(self.file, &mut head, offset), Ok(n) if n == head.len())
+            && head.iter().all(|&b| b == 0)
     }
 
     /// Reads and checks the record at byte `offset`: header, file id, key, and (unless disabled
