@@ -71,6 +71,13 @@ impl Default for TenantId {
     }
 }
 
+/// Lets maps keyed by `TenantId` be queried with a `&str` (hash and equality are the string's).
+impl std::borrow::Borrow<str> for TenantId {
+    fn borrow(&self) -> &str {
+        &self.0
+    }
+}
+
 impl fmt::Debug for TenantId {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(f, "TenantId({:?})", &*self.0)

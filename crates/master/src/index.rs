@@ -1,0 +1,210 @@
+//! The sharded object index (spec/master.md §3).
+//!
+//! 1024 shards, each an `RwLock` over `tenant → key → object`, plus 4096 stripe mutexes that
+//! serialize PutStart on one key. One 64-bit hash of `(tenant, key)` routes everything: bits
+//! 32..42 pick the shard, bits 42..54 the stripe, and the shard's hash table uses the low bits and
+//! the top 7 — disjoint bit ranges, so keys that share a shard still spread over its table.
+//! The default tenant hashes the key alone. Tests must not depend on exact hash values.
+
+use std::collections::HashMap;
+use std::hash::{BuildHasher, Hasher};
+
+use hashbrown::HashTable;
+use mooncake_common::TenantId;
+use parking_lot::{Mutex, RwLock};
+
+use crate::object::ObjectEntry;
+
+/// Number of metadata shards.
+pub const SHARD_COUNT: usize = 1024;
+/// Number of PutStart stripe mutexes.
+pub const STRIPE_COUNT: usize = 4096;
+
+const HASH_SEED: u64 = 0x6d6f_6f6e_6361_6b65; // "mooncake"
+
+/// A resolved tenant, borrowed from the caller (no allocation on the read path).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Tenant<'a> {
+    Default,
+    Named(&'a str),
+}
+
+/// The routing hash of `(tenant, key)`.
+pub(crate) fn key_hash(tenant: Tenant<'_>, key: &str) -> u64 {
+    let mut h = foldhash::fast::FixedState::with_seed(HASH_SEED).build_hasher();
+    if let Tenant::Named(t) = tenant {
+        h.write(t.as_bytes());
+        h.write_u8(0);
+    }
+    h.write(key.as_bytes());
+    h.finish()
+}
+
+pub(crate) fn shard_of(hash: u64) -> usize {
+    ((hash >> 32) as usize) & (SHARD_COUNT - 1)
+}
+
+pub(crate) fn stripe_of(hash: u64) -> usize {
+    ((hash >> 42) as usize) & (STRIPE_COUNT - 1)
+}
+
+/// The objects of one tenant in one shard.
+#[derive(Debug, Default)]
+pub(crate) struct TenantState {
+    pub objects: HashTable<Box<ObjectEntry>>,
+}
+
+impl TenantState {
+    pub fn find(&self, hash: u64, key: &str) -> Option<&ObjectEntry> {
+        self.objects.find(hash, |e| &*e.key == key).map(|b| &**b)
+    }
+
+    pub fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut ObjectEntry> {
+        self.objects
+            .find_mut(hash, |e| &*e.key == key)
+            .map(|b| &mut **b)
+    }
+
+    pub fn remove(&mut self, hash: u64, key: &str) -> Option<Box<ObjectEntry>> {
+        match self.objects.find_entry(hash, |e| &*e.key == key) {
+            Ok(occupied) => Some(occupied.remove().0),
+            Err(_) => None,
+        }
+    }
+
+    /// Inserts a key known to be absent.
+    pub fn insert(&mut self, tenant: Tenant<'_>, hash: u64, entry: Box<ObjectEntry>) {
+        self.objects
+            .insert_unique(hash, entry, |e| key_hash(tenant, &e.key));
+    }
+
+    pub fn len(&self) -> usize {
+        self.objects.len()
+    }
+}
+
+/// One shard: the default tenant inline (the common case costs no tenant lookup), others in a map.
+#[derive(Debug, Default)]
+pub(crate) struct Shard {
+    pub default: TenantState,
+    pub others: HashMap<TenantId, TenantState, foldhash::fast::RandomState>,
+}
+
+impl Shard {
+    pub fn tenant(&self, tenant: Tenant<'_>) -> Option<&TenantState> {
+        match tenant {
+            Tenant::Default => Some(&self.default),
+            Tenant::Named(t) => self.others.get(t),
+        }
+    }
+
+    pub fn tenant_mut(&mut self, tenant: Tenant<'_>) -> Option<&mut TenantState> {
+        match tenant {
+            Tenant::Default => Some(&mut self.default),
+            Tenant::Named(t) => self.others.get_mut(t),
+        }
+    }
+
+    /// The tenant's state, created if absent. Fails only for a name `TenantId` refuses, which
+    /// callers have already validated.
+    pub fn tenant_or_insert(&mut self, tenant: Tenant<'_>) -> &mut TenantState {
+        match tenant {
+            Tenant::Default => &mut self.default,
+            Tenant::Named(t) => {
+                if !self.others.contains_key(t) {
+                    let id = TenantId::new(t).unwrap_or_default();
+                    self.others.insert(id, TenantState::default());
+                }
+                self.others.get_mut(t).unwrap_or(&mut self.default)
+            }
+        }
+    }
+
+    /// Drops a named tenant's state once it holds nothing.
+    pub fn drop_tenant_if_empty(&mut self, tenant: Tenant<'_>) {
+        if let Tenant::Named(t) = tenant {
+            if self.others.get(t).is_some_and(|s| s.len() == 0) {
+                self.others.remove(t);
+            }
+        }
+    }
+
+    /// Every tenant state with its resolved name.
+    pub fn tenants_mut(&mut self) -> impl Iterator<Item = (Tenant<'_>, &mut TenantState)> {
+        std::iter::once((Tenant::Default, &mut self.default)).chain(
+            self.others
+                .iter_mut()
+                .map(|(k, v)| (Tenant::Named(k.as_str()), v)),
+        )
+    }
+
+    pub fn tenants(&self) -> impl Iterator<Item = (Tenant<'_>, &TenantState)> {
+        std::iter::once((Tenant::Default, &self.default)).chain(
+            self.others
+                .iter()
+                .map(|(k, v)| (Tenant::Named(k.as_str()), v)),
+        )
+    }
+}
+
+/// A shard lock alone on its cache line(s), so that neighbouring shards don't false-share.
+#[derive(Debug, Default)]
+#[repr(align(128))]
+pub(crate) struct PaddedShard(pub RwLock<Shard>);
+
+/// The whole index.
+#[derive(Debug)]
+pub(crate) struct Index {
+    shards: Box<[PaddedShard]>,
+    stripes: Box<[Mutex<()>]>,
+}
+
+impl Default for Index {
+    fn default() -> Self {
+        Index {
+            shards: (0..SHARD_COUNT).map(|_| PaddedShard::default()).collect(),
+            stripes: (0..STRIPE_COUNT).map(|_| Mutex::new(())).collect(),
+        }
+    }
+}
+
+impl Index {
+    pub fn shard(&self, hash: u64) -> &RwLock<Shard> {
+        &self.shards[shard_of(hash)].0
+    }
+
+    pub fn shard_at(&self, index: usize) -> &RwLock<Shard> {
+        &self.shards[index].0
+    }
+
+    pub fn stripe(&self, hash: u64) -> &Mutex<()> {
+        &self.stripes[stripe_of(hash)]
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn tenant_changes_the_hash_and_routing_bits_are_disjoint() {
+        let a = key_hash(Tenant::Default, "k");
+        let b = key_hash(Tenant::Named("t"), "k");
+        assert_ne!(a, b);
+        assert_eq!(
+            a,
+            key_hash(Tenant::Default, "k"),
+            "routing must be deterministic"
+        );
+        assert!(shard_of(u64::MAX) < SHARD_COUNT && stripe_of(u64::MAX) < STRIPE_COUNT);
+    }
+
+    #[test]
+    fn keys_spread_over_shards() {
+        let mut used = std::collections::HashSet::new();
+        for i in 0..20_000 {
+            used.insert(shard_of(key_hash(Tenant::Default, &format!("key-{i}"))));
+        }
+        assert!(used.len() > 1000, "only {} shards used", used.len());
+    }
+}

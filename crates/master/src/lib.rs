@@ -1,0 +1,33 @@
+//! The Mooncake Store master as a pure, synchronous, thread-safe state machine.
+//!
+//! It owns the metadata of every object (a 1024-shard index of tenant → key → object), the
+//! mounted segments with one exact allocator each, replica placement, and the put/get/remove
+//! lifecycle with its leases, soft and hard pins and put timeouts. Every deadline reads an
+//! injected [`mooncake_common::Clock`]; background work is exposed as `run_*_once` methods that a
+//! server loop (or a test) calls.
+//!
+//! It must never do I/O, open sockets, spawn threads or sleep, and it never sees object bytes.
+//! Map of the crate: `allocator` (per-segment buffers), `strategy` (placement), `segments`
+//! (mount/unmount), `index` (shards, stripes, routing), `object` (metadata), `put`, `read`,
+//! `remove` (the RPCs), `service` (the handle, segment RPCs, background steps, checks).
+//! See docs/master.md.
+
+pub mod allocator;
+pub mod config;
+mod index;
+mod object;
+mod put;
+mod read;
+mod remove;
+mod segments;
+mod service;
+pub mod strategy;
+
+pub use config::{ConfigError, MasterServiceConfig};
+pub use index::{SHARD_COUNT, STRIPE_COUNT};
+pub use object::ObjectInfo;
+pub use segments::SegmentUsage;
+pub use service::{
+    AccountingReport, MasterService, PutTimeoutReport, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES,
+};
+pub use strategy::AllocationStrategy;

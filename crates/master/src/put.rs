@@ -1,0 +1,463 @@
+//! PutStart / PutEnd / PutRevoke and their batches (spec/master.md §5, §7).
+
+use std::cmp::Reverse;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use mooncake_common::{
+    ClientId, ErrorCode, ObjectMeta, ReplicaDescriptor, ReplicaStatus, ReplicaType,
+    ReplicateConfig, SoftPinAction, TenantId,
+};
+use smallvec::SmallVec;
+
+use crate::index::{key_hash, Tenant};
+use crate::object::{
+    ObjectEntry, ObjectExtra, ObjectMetadata, PendingSoftPin, Replica, ReplicaData, FLAG_HARD_PIN,
+    FLAG_PROCESSING,
+};
+use crate::service::{MasterService, SoftPinDeadline, MAX_KEY_LEN_BYTES};
+use crate::strategy::{place, AllocationStrategy, PlacementRequest};
+
+/// One key's share of a (batch) PutStart.
+struct PutArgs<'a> {
+    key: &'a str,
+    slice_length: u64,
+    config: &'a ReplicateConfig,
+    group: Option<&'a str>,
+    /// Replaces the config's preferred names (BatchPutStart with `prefer_alloc_in_same_node`).
+    preferred_override: Option<&'a str>,
+}
+
+impl MasterService {
+    /// Upstream's PutStart checks, in upstream's order. Returns the pending soft pin to record.
+    fn validate_put(
+        &self,
+        key: &str,
+        slice_length: u64,
+        config: &ReplicateConfig,
+        tenant: Tenant<'_>,
+        batch: bool,
+    ) -> Result<Option<PendingSoftPin>, ErrorCode> {
+        let c = config;
+        if c.replica_num == 0 && c.nof_replica_num == 0 && c.dfs_replica_num == 0 {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        if key.is_empty() || key.len() > MAX_KEY_LEN_BYTES || slice_length == 0 {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        if c.dfs_replica_num > 1 || (c.dfs_replica_num > 0 && c.replica_num == 0) {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        if c.dfs_replica_num > 0 && tenant != Tenant::Default {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        // This build has no NoF support (optional in spec §0): any NoF request is refused, as
+        // upstream refuses it without USE_NOF.
+        if c.nof_replica_num > 0 {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        let pending = match (c.soft_pin_action, c.soft_pin_ttl_ms) {
+            (SoftPinAction::Preserve, None) => None,
+            (SoftPinAction::Preserve | SoftPinAction::Disable, Some(_)) => {
+                return Err(ErrorCode::INVALID_PARAMS)
+            }
+            (SoftPinAction::Disable, None) => Some(PendingSoftPin {
+                action: SoftPinAction::Disable,
+                ttl_ms: 0,
+            }),
+            (SoftPinAction::Enable, ttl) => {
+                let ttl_ms = ttl.unwrap_or(self.config.default_kv_soft_pin_ttl_ms);
+                if ttl_ms > self.config.max_kv_soft_pin_ttl_ms {
+                    return Err(ErrorCode::INVALID_PARAMS);
+                }
+                Some(PendingSoftPin {
+                    action: SoftPinAction::Enable,
+                    ttl_ms,
+                })
+            }
+        };
+        // A batch checks `group_ids` against its key count instead (one group per key).
+        if !batch && c.group_ids.as_ref().is_some_and(|g| g.len() != 1) {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        if c.dfs_replica_num > 0 {
+            return Err(ErrorCode::DFS_SERVICE_UNAVAILABLE);
+        }
+        Ok(pending)
+    }
+
+    /// PutStart: allocates 1..=`replica_num` memory replicas (best effort, distinct segment
+    /// names), records the object as PROCESSING and returns the descriptors (all PROCESSING).
+    ///
+    /// Errors: INVALID_PARAMS (bad config, empty/oversized key, zero size, bad tenant, bad soft
+    /// pin), OBJECT_ALREADY_EXISTS (a COMPLETE replica exists, or another put of the key started
+    /// within `put_start_discard_timeout`), NO_AVAILABLE_HANDLE (no space anywhere). An older
+    /// unfinished put is pre-empted: its buffers stay allocated until `put_start +
+    /// put_start_release_timeout`.
+    pub fn put_start(
+        &self,
+        client: ClientId,
+        key: &str,
+        slice_length: u64,
+        config: &ReplicateConfig,
+        tenant: &str,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let group = config
+            .group_ids
+            .as_ref()
+            .and_then(|g| g.first())
+            .map(String::as_str);
+        let args = PutArgs {
+            key,
+            slice_length,
+            config,
+            group,
+            preferred_override: None,
+        };
+        self.put_start_one(client, &args, tenant, false)
+    }
+
+    fn put_start_one(
+        &self,
+        client: ClientId,
+        args: &PutArgs<'_>,
+        tenant: Tenant<'_>,
+        batch: bool,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let config = args.config;
+        let pending_soft_pin =
+            self.validate_put(args.key, args.slice_length, config, tenant, batch)?;
+        let key = args.key;
+        let hash = key_hash(tenant, key);
+        let _stripe = self.index.stripe(hash).lock();
+        let mut shard = self.index.shard(hash).write();
+        let now = self.clock.now_ms();
+
+        if let Some(state) = shard.tenant_mut(tenant) {
+            let mut erase = false;
+            if let Some(entry) = state.find_mut(hash, key) {
+                let meta = &mut entry.meta;
+                meta.drop_dead_replicas();
+                if meta.is_valid() {
+                    let recent = meta
+                        .put_start_ms
+                        .saturating_add(self.config.discard_timeout_ms())
+                        >= now;
+                    if meta.has_complete() || recent {
+                        return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+                    }
+                    // Pre-empt the stale put: keep its buffers until its release time.
+                    let release_at = meta
+                        .put_start_ms
+                        .saturating_add(self.config.release_timeout_ms());
+                    self.discard(std::mem::take(&mut meta.replicas).into_vec(), release_at);
+                }
+                erase = true;
+            }
+            if erase {
+                state.remove(hash, key);
+            }
+        }
+
+        let preferred_single;
+        let preferred: &[String] = match args.preferred_override {
+            Some(name) => {
+                preferred_single = [name.to_string()];
+                &preferred_single
+            }
+            None => config.effective_preferred_segments(),
+        };
+        let handles = {
+            let segs = self.segments.inner.read();
+            let use_local = config.prefer_alloc_in_same_node
+                || (self.config.allocation_strategy == AllocationStrategy::LocalFirst
+                    && config.replica_num == 1);
+            let local_host = if !use_local {
+                None
+            } else if !config.host_id.is_empty() {
+                Some(config.host_id.as_str())
+            } else {
+                segs.client_host.get(&client).map(String::as_str)
+            };
+            let req = PlacementRequest {
+                size: args.slice_length,
+                replica_num: config.replica_num,
+                preferred,
+                local_host,
+                key_hash: hash,
+            };
+            let handles = place(&segs.allocatable, self.config.allocation_strategy, &req);
+            if handles.is_empty() && segs.allocatable.name_count() >= config.replica_num {
+                self.need_eviction.store(true, Ordering::Relaxed);
+            }
+            handles
+        };
+        if handles.is_empty() {
+            shard.drop_tenant_if_empty(tenant);
+            return Err(ErrorCode::NO_AVAILABLE_HANDLE);
+        }
+
+        let replicas: SmallVec<[Replica; 1]> = handles
+            .into_iter()
+            .map(|h| Replica {
+                id: self.next_replica_id(),
+                status: ReplicaStatus::PROCESSING,
+                data: ReplicaData::Memory(h),
+            })
+            .collect();
+        let descriptors: Vec<ReplicaDescriptor> = replicas
+            .iter()
+            .filter_map(|r| r.descriptor(args.slice_length))
+            .collect();
+        let extra =
+            (args.group.is_some_and(|g| !g.is_empty()) || pending_soft_pin.is_some()).then(|| {
+                Box::new(ObjectExtra {
+                    group: args.group.filter(|g| !g.is_empty()).map(Box::from),
+                    pending_soft_pin,
+                })
+            });
+        let mut flags = FLAG_PROCESSING;
+        if config.with_hard_pin {
+            flags |= FLAG_HARD_PIN;
+        }
+        let entry = Box::new(ObjectEntry {
+            key: Box::from(key),
+            meta: ObjectMetadata {
+                client_id: client,
+                size: args.slice_length,
+                put_start_ms: now,
+                lease_timeout_ms: AtomicU64::new(0),
+                last_access_ms: AtomicU64::new(now),
+                soft_pin_deadline_ms: 0,
+                checksum: 0,
+                flags,
+                data_type: config.data_type,
+                extra,
+                replicas,
+            },
+        });
+        shard.tenant_or_insert(tenant).insert(tenant, hash, entry);
+        Ok(descriptors)
+    }
+
+    /// PutEnd: marks the selected PROCESSING replicas COMPLETE (the object becomes readable).
+    /// OBJECT_NOT_FOUND if missing, ILLEGAL_CLIENT if `client` is not the writer; a retry after
+    /// completion is OK; INVALID_WRITE if the object is not being written and a selected replica
+    /// is not COMPLETE. Applies the put's soft-pin request when this completes the first replica,
+    /// stores the checksum, and counts as an access (no read lease is granted).
+    pub fn put_end(
+        &self,
+        client: ClientId,
+        meta: &ObjectMeta,
+        replica_type: ReplicaType,
+        tenant: &str,
+    ) -> Result<(), ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let key = meta.key.as_str();
+        let hash = key_hash(tenant, key);
+        let mut shard = self.index.shard(hash).write();
+        let now = self.clock.now_ms();
+        let state = shard
+            .tenant_mut(tenant)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let entry = state
+            .find_mut(hash, key)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let m = &mut entry.meta;
+        m.drop_dead_replicas();
+        if !m.is_valid() {
+            state.remove(hash, key);
+            shard.drop_tenant_if_empty(tenant);
+            return Err(ErrorCode::OBJECT_NOT_FOUND);
+        }
+        if m.client_id != client {
+            return Err(ErrorCode::ILLEGAL_CLIENT);
+        }
+        if !m.is_processing() {
+            let done = m
+                .replicas
+                .iter()
+                .filter(|r| replica_type.selects(r.replica_type()))
+                .all(Replica::is_complete);
+            return if done {
+                Ok(())
+            } else {
+                Err(ErrorCode::INVALID_WRITE)
+            };
+        }
+        let had_complete = m.has_complete();
+        for r in m.replicas.iter_mut() {
+            if replica_type.selects(r.replica_type()) && r.status == ReplicaStatus::PROCESSING {
+                r.status = ReplicaStatus::COMPLETE;
+            }
+        }
+        let mut pin_deadline = None;
+        if !had_complete && m.has_complete() {
+            if let Some(pin) = m.extra.as_mut().and_then(|e| e.pending_soft_pin.take()) {
+                match pin.action {
+                    SoftPinAction::Enable if pin.ttl_ms > 0 => {
+                        let deadline = now.saturating_add(pin.ttl_ms);
+                        m.soft_pin_deadline_ms = deadline;
+                        pin_deadline = Some(deadline);
+                    }
+                    SoftPinAction::Enable | SoftPinAction::Disable => m.soft_pin_deadline_ms = 0,
+                    SoftPinAction::Preserve => {}
+                }
+                m.compact_extra();
+            }
+        }
+        if meta.object_checksum.is_some()
+            || matches!(
+                replica_type,
+                ReplicaType::ALL | ReplicaType::MEMORY | ReplicaType::NOF_SSD
+            )
+        {
+            m.set_checksum(meta.object_checksum);
+        }
+        if m.all_complete() {
+            m.set(FLAG_PROCESSING, false);
+        }
+        m.grant_lease(now, 0);
+        m.touch(now);
+        if let Some(deadline_ms) = pin_deadline {
+            let tenant_id = match tenant {
+                Tenant::Default => None,
+                Tenant::Named(t) => TenantId::new(t).ok(),
+            };
+            self.soft_pins.lock().push(Reverse(SoftPinDeadline {
+                deadline_ms,
+                tenant: tenant_id,
+                key: Box::from(key),
+            }));
+        }
+        Ok(())
+    }
+
+    /// PutRevoke: erases the selected PROCESSING replicas and frees their buffers at once.
+    /// OBJECT_NOT_FOUND, ILLEGAL_CLIENT, or INVALID_WRITE when the object is not being written
+    /// or a selected replica is not PROCESSING (Revoke is not idempotent).
+    pub fn put_revoke(
+        &self,
+        client: ClientId,
+        key: &str,
+        replica_type: ReplicaType,
+        tenant: &str,
+    ) -> Result<(), ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let hash = key_hash(tenant, key);
+        let mut shard = self.index.shard(hash).write();
+        let state = shard
+            .tenant_mut(tenant)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let entry = state
+            .find_mut(hash, key)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let m = &mut entry.meta;
+        m.drop_dead_replicas();
+        if !m.is_valid() {
+            state.remove(hash, key);
+            shard.drop_tenant_if_empty(tenant);
+            return Err(ErrorCode::OBJECT_NOT_FOUND);
+        }
+        if m.client_id != client {
+            return Err(ErrorCode::ILLEGAL_CLIENT);
+        }
+        let selected = |r: &Replica| replica_type.selects(r.replica_type());
+        if !m.is_processing()
+            || m.replicas
+                .iter()
+                .any(|r| selected(r) && r.status != ReplicaStatus::PROCESSING)
+        {
+            return Err(ErrorCode::INVALID_WRITE);
+        }
+        m.replicas.retain(|r| !selected(r));
+        if !m.is_valid() {
+            state.remove(hash, key);
+            shard.drop_tenant_if_empty(tenant);
+            return Ok(());
+        }
+        let processing = m
+            .replicas
+            .iter()
+            .any(|r| r.status == ReplicaStatus::PROCESSING);
+        m.set(FLAG_PROCESSING, processing);
+        if !processing {
+            if let Some(e) = m.extra.as_mut() {
+                e.pending_soft_pin = None;
+            }
+            m.compact_extra();
+        }
+        Ok(())
+    }
+
+    /// BatchPutStart: one result per key, in order. Mismatched `keys`/`slice_lengths` lengths, or
+    /// `group_ids` whose length differs from the number of keys, give INVALID_PARAMS for every
+    /// key. With `prefer_alloc_in_same_node`, once a key succeeds its first replica's endpoint
+    /// becomes the preferred segment of the remaining keys (as upstream).
+    pub fn batch_put_start(
+        &self,
+        client: ClientId,
+        keys: &[String],
+        slice_lengths: &[u64],
+        config: &ReplicateConfig,
+        tenant: &str,
+    ) -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>> {
+        let groups = config.group_ids.as_deref();
+        if keys.len() != slice_lengths.len() || groups.is_some_and(|g| g.len() != keys.len()) {
+            return vec![Err(ErrorCode::INVALID_PARAMS); keys.len()];
+        }
+        let tenant = match self.resolve_tenant(tenant) {
+            Ok(t) => t,
+            Err(code) => return vec![Err(code); keys.len()],
+        };
+        let mut preferred_endpoint: Option<String> = None;
+        let mut out = Vec::with_capacity(keys.len());
+        for (i, key) in keys.iter().enumerate() {
+            let args = PutArgs {
+                key,
+                slice_length: slice_lengths[i],
+                config,
+                group: groups.map(|g| g[i].as_str()),
+                preferred_override: preferred_endpoint.as_deref(),
+            };
+            let result = self.put_start_one(client, &args, tenant, true);
+            if config.prefer_alloc_in_same_node && preferred_endpoint.is_none() {
+                if let Ok(descs) = &result {
+                    preferred_endpoint = descs
+                        .iter()
+                        .find_map(|d| d.memory())
+                        .map(|m| m.transport_endpoint.to_string());
+                }
+            }
+            out.push(result);
+        }
+        out
+    }
+
+    /// BatchPutEnd: PutEnd per entry, one result per entry, in order.
+    pub fn batch_put_end(
+        &self,
+        client: ClientId,
+        metas: &[ObjectMeta],
+        replica_type: ReplicaType,
+        tenant: &str,
+    ) -> Vec<Result<(), ErrorCode>> {
+        metas
+            .iter()
+            .map(|m| self.put_end(client, m, replica_type, tenant))
+            .collect()
+    }
+
+    /// BatchPutRevoke: PutRevoke per key, one result per key, in order.
+    pub fn batch_put_revoke(
+        &self,
+        client: ClientId,
+        keys: &[String],
+        replica_type: ReplicaType,
+        tenant: &str,
+    ) -> Vec<Result<(), ErrorCode>> {
+        keys.iter()
+            .map(|k| self.put_revoke(client, k, replica_type, tenant))
+            .collect()
+    }
+}

@@ -1,0 +1,273 @@
+//! Reads: GetReplicaList (+ batch, + regex), ExistKey (+ batch), GetAllKeys, and the lease they
+//! grant (spec/master.md §5, §7). Reads take shard **read** locks only; the lease and last-access
+//! time are atomics, so concurrent readers of one shard never wait for each other.
+
+use std::collections::HashMap;
+
+use mooncake_common::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaStatus};
+use regex::Regex;
+
+use crate::index::{key_hash, shard_of, Tenant, SHARD_COUNT};
+use crate::object::{ObjectEntry, ObjectInfo, ObjectMetadata, Replica};
+use crate::service::{MasterService, MAX_REGEX_COMPILED_BYTES, MAX_REGEX_LEN_BYTES};
+
+impl MasterService {
+    /// Compiles a key pattern (searched anywhere in the key). Bad or oversized → INVALID_PARAMS.
+    pub(crate) fn compile_pattern(pattern: &str) -> Result<Regex, ErrorCode> {
+        if pattern.len() > MAX_REGEX_LEN_BYTES {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        regex::RegexBuilder::new(pattern)
+            .size_limit(MAX_REGEX_COMPILED_BYTES)
+            .build()
+            .map_err(|_| ErrorCode::INVALID_PARAMS)
+    }
+
+    /// The readable descriptors of an object, or the read error. No lease.
+    fn readable(meta: &ObjectMetadata) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let mut out = Vec::with_capacity(meta.replicas.len());
+        let mut valid = false;
+        let mut all_removed = true;
+        for r in &meta.replicas {
+            valid |= r.is_valid();
+            all_removed &= r.status == ReplicaStatus::REMOVED;
+            if r.is_complete() {
+                if let Some(d) = r.descriptor(meta.size) {
+                    out.push(d);
+                }
+            }
+        }
+        if !valid || meta.size == 0 {
+            return Err(ErrorCode::OBJECT_NOT_FOUND);
+        }
+        if out.is_empty() {
+            return Err(if all_removed {
+                ErrorCode::OBJECT_NOT_FOUND
+            } else {
+                ErrorCode::REPLICA_IS_NOT_READY
+            });
+        }
+        Ok(out)
+    }
+
+    fn has_readable(meta: &ObjectMetadata) -> bool {
+        meta.size > 0
+            && meta
+                .replicas
+                .iter()
+                .any(|r| r.is_complete() && r.is_valid())
+    }
+
+    fn get_entry(
+        &self,
+        entry: &ObjectEntry,
+        now_ms: u64,
+    ) -> Result<GetReplicaListResponse, ErrorCode> {
+        let replicas = Self::readable(&entry.meta)?;
+        let ttl = self.config.default_kv_lease_ttl_ms;
+        entry.meta.grant_lease(now_ms, ttl);
+        entry.meta.touch(now_ms);
+        Ok(GetReplicaListResponse {
+            replicas,
+            lease_ttl_ms: ttl,
+            object_checksum: entry.meta.checksum(),
+        })
+    }
+
+    fn exist_entry(&self, entry: &ObjectEntry, now_ms: u64) -> bool {
+        let found = Self::has_readable(&entry.meta);
+        if found {
+            entry
+                .meta
+                .grant_lease(now_ms, self.config.default_kv_lease_ttl_ms);
+            entry.meta.touch(now_ms);
+        }
+        found
+    }
+
+    /// GetReplicaList: the COMPLETE, live replicas plus the lease length, and grants the read
+    /// lease. OBJECT_NOT_FOUND if missing or invalid; REPLICA_IS_NOT_READY while no replica is
+    /// COMPLETE (a put in flight is never visible).
+    pub fn get_replica_list(
+        &self,
+        key: &str,
+        tenant: &str,
+    ) -> Result<GetReplicaListResponse, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let hash = key_hash(tenant, key);
+        let shard = self.index.shard(hash).read();
+        let entry = shard
+            .tenant(tenant)
+            .and_then(|s| s.find(hash, key))
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        self.get_entry(entry, self.clock.now_ms())
+    }
+
+    /// Input indices bucketed by shard, in visiting order: from a random shard walking downward
+    /// (mod 1024), so concurrent batches do not all queue on shard 0.
+    fn by_shard(tenant: Tenant<'_>, keys: &[String]) -> Vec<(u32, u32, u64)> {
+        let start = fastrand::usize(..SHARD_COUNT);
+        let mut order: Vec<(u32, u32, u64)> = keys
+            .iter()
+            .enumerate()
+            .map(|(i, k)| {
+                let hash = key_hash(tenant, k);
+                let rank = (start + SHARD_COUNT - shard_of(hash)) % SHARD_COUNT;
+                (rank as u32, i as u32, hash)
+            })
+            .collect();
+        order.sort_unstable_by_key(|&(rank, i, _)| (rank, i));
+        order
+    }
+
+    /// Runs `f` on every key's entry (or `None`), locking each involved shard once for reading.
+    fn for_each_by_shard<'k>(
+        &self,
+        tenant: Tenant<'_>,
+        keys: &'k [String],
+        mut f: impl FnMut(usize, Option<&ObjectEntry>),
+    ) {
+        let order = Self::by_shard(tenant, keys);
+        let mut i = 0;
+        while i < order.len() {
+            let shard_index = shard_of(order[i].2);
+            let shard = self.index.shard_at(shard_index).read();
+            let state = shard.tenant(tenant);
+            while i < order.len() && shard_of(order[i].2) == shard_index {
+                let (_, idx, hash) = order[i];
+                let key = &keys[idx as usize];
+                f(idx as usize, state.and_then(|s| s.find(hash, key)));
+                i += 1;
+            }
+        }
+    }
+
+    /// BatchGetReplicaList: GetReplicaList per key (one result per key, in input order), each
+    /// shard locked once. An invalid tenant fails every key with INVALID_PARAMS.
+    pub fn batch_get_replica_list(
+        &self,
+        keys: &[String],
+        tenant: &str,
+    ) -> Vec<Result<GetReplicaListResponse, ErrorCode>> {
+        let tenant = match self.resolve_tenant(tenant) {
+            Ok(t) => t,
+            Err(code) => return vec![Err(code); keys.len()],
+        };
+        let now = self.clock.now_ms();
+        let mut out = vec![Err(ErrorCode::OBJECT_NOT_FOUND); keys.len()];
+        self.for_each_by_shard(tenant, keys, |i, entry| {
+            if let Some(entry) = entry {
+                out[i] = self.get_entry(entry, now);
+            }
+        });
+        out
+    }
+
+    /// ExistKey: true iff the object has a readable replica; true grants the read lease. A
+    /// missing key is `Ok(false)`.
+    pub fn exist_key(&self, key: &str, tenant: &str) -> Result<bool, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let hash = key_hash(tenant, key);
+        let shard = self.index.shard(hash).read();
+        Ok(shard
+            .tenant(tenant)
+            .and_then(|s| s.find(hash, key))
+            .is_some_and(|e| self.exist_entry(e, self.clock.now_ms())))
+    }
+
+    /// BatchExistKey: ExistKey per key, in input order, each shard locked once.
+    pub fn batch_exist_key(&self, keys: &[String], tenant: &str) -> Vec<Result<bool, ErrorCode>> {
+        let tenant = match self.resolve_tenant(tenant) {
+            Ok(t) => t,
+            Err(code) => return vec![Err(code); keys.len()],
+        };
+        let now = self.clock.now_ms();
+        let mut out = vec![Ok(false); keys.len()];
+        self.for_each_by_shard(tenant, keys, |i, entry| {
+            out[i] = Ok(entry.is_some_and(|e| self.exist_entry(e, now)));
+        });
+        out
+    }
+
+    /// GetReplicaListByRegex: every key of the tenant matching `pattern` (searched anywhere in
+    /// the key; Rust `regex` syntax, not ECMAScript) that has a readable replica, with its
+    /// descriptors; each match is leased. Bad pattern → INVALID_PARAMS.
+    pub fn get_replica_list_by_regex(
+        &self,
+        pattern: &str,
+        tenant: &str,
+    ) -> Result<HashMap<String, Vec<ReplicaDescriptor>>, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let re = Self::compile_pattern(pattern)?;
+        let now = self.clock.now_ms();
+        let mut out = HashMap::new();
+        for i in 0..SHARD_COUNT {
+            let shard = self.index.shard_at(i).read();
+            let Some(state) = shard.tenant(tenant) else {
+                continue;
+            };
+            for entry in state.objects.iter() {
+                if !re.is_match(&entry.key) {
+                    continue;
+                }
+                if let Ok(resp) = self.get_entry(entry, now) {
+                    out.insert(entry.key.to_string(), resp.replicas);
+                }
+            }
+        }
+        Ok(out)
+    }
+
+    /// GetAllKeys (HTTP admin): the tenant's keys that have a readable replica, sorted. No lease.
+    pub fn get_all_keys(&self, tenant: &str) -> Result<Vec<String>, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let mut out = Vec::new();
+        for i in 0..SHARD_COUNT {
+            let shard = self.index.shard_at(i).read();
+            let Some(state) = shard.tenant(tenant) else {
+                continue;
+            };
+            out.extend(
+                state
+                    .objects
+                    .iter()
+                    .filter(|e| Self::has_readable(&e.meta))
+                    .map(|e| e.key.to_string()),
+            );
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// A read-only view of one object (admin and tests); no lease, no cleanup. `None` if absent.
+    pub fn object_info(&self, key: &str, tenant: &str) -> Result<Option<ObjectInfo>, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let hash = key_hash(tenant, key);
+        let shard = self.index.shard(hash).read();
+        Ok(shard
+            .tenant(tenant)
+            .and_then(|s| s.find(hash, key))
+            .map(ObjectInfo::of))
+    }
+
+    /// The descriptors an object has, readable or not, without lease (admin and tests).
+    pub fn all_replica_descriptors(
+        &self,
+        key: &str,
+        tenant: &str,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let hash = key_hash(tenant, key);
+        let shard = self.index.shard(hash).read();
+        let entry = shard
+            .tenant(tenant)
+            .and_then(|s| s.find(hash, key))
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        Ok(entry
+            .meta
+            .replicas
+            .iter()
+            .filter_map(|r: &Replica| r.descriptor(entry.meta.size))
+            .collect())
+    }
+}

@@ -1,0 +1,296 @@
+//! The segment manager: mounted segments, their statuses and allocators, client ownership, and the
+//! set of allocators placement may use (spec/master.md §4).
+//!
+//! One `RwLock` guards it all. It is never held while metadata shards are walked: unmount is
+//! prepare (under the lock) → sweep the shards (without it) → commit (under it), driven by
+//! [`crate::MasterService`].
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+
+use mooncake_common::{ClientId, ErrorCode, Segment, SegmentId, SegmentStatus};
+use parking_lot::RwLock;
+
+use crate::allocator::{SegmentAllocator, SegmentInfo};
+use crate::strategy::AllocatorSet;
+
+/// One mounted segment.
+#[derive(Debug)]
+pub(crate) struct MountedSegment {
+    pub segment: Segment,
+    pub client: ClientId,
+    pub status: SegmentStatus,
+    pub host_id: Arc<str>,
+    /// The only long-lived strong reference; `None` once unmounting has begun.
+    pub allocator: Option<Arc<SegmentAllocator>>,
+}
+
+/// A graceful unmount waiting for its deadline.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct GracefulUnmount {
+    pub deadline_ms: u64,
+    pub segment_id: SegmentId,
+    pub client: ClientId,
+}
+
+/// What [`SegmentManager`] reports about one segment.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SegmentUsage {
+    pub id: SegmentId,
+    pub name: String,
+    pub client: ClientId,
+    pub status: SegmentStatus,
+    pub base: u64,
+    pub capacity_bytes: u64,
+    /// `None` once the allocator is gone (unmounting).
+    pub used_bytes: Option<u64>,
+    pub live_buffers: Option<u64>,
+}
+
+#[derive(Debug, Default)]
+pub(crate) struct Segments {
+    pub mounted: HashMap<SegmentId, MountedSegment>,
+    pub client_segments: HashMap<ClientId, Vec<SegmentId>>,
+    pub by_name: HashMap<Arc<str>, Vec<SegmentId>>,
+    pub allocatable: AllocatorSet,
+    pub ok_clients: HashSet<ClientId>,
+    pub client_host: HashMap<ClientId, String>,
+    pub graceful: Vec<GracefulUnmount>,
+    pub total_capacity_bytes: u64,
+}
+
+/// Result of a single mount.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Mounted {
+    New,
+    AlreadyMounted,
+}
+
+impl Segments {
+    fn validate(segment: &Segment) -> Result<(), ErrorCode> {
+        if segment.base == 0
+            || segment.size == 0
+            || segment.base.checked_add(segment.size).is_none()
+        {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        Ok(())
+    }
+
+    pub fn mount(&mut self, segment: &Segment, client: ClientId) -> Result<Mounted, ErrorCode> {
+        Self::validate(segment)?;
+        if let Some(existing) = self.mounted.get(&segment.id) {
+            return if existing.status == SegmentStatus::OK {
+                Ok(Mounted::AlreadyMounted)
+            } else {
+                Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS)
+            };
+        }
+        let name: Arc<str> = self
+            .by_name
+            .get_key_value(segment.name.as_str())
+            .map_or_else(|| Arc::from(segment.name.as_str()), |(k, _)| k.clone());
+        let allocator = SegmentAllocator::new(SegmentInfo {
+            segment_id: segment.id,
+            name: name.clone(),
+            endpoint: Arc::from(segment.te_endpoint.as_str()),
+            protocol: Arc::from(segment.protocol.as_str()),
+            base: segment.base,
+            capacity: segment.size,
+        });
+        let host_id: Arc<str> = Arc::from(segment.host_id.as_str());
+        self.allocatable.insert(allocator.clone(), &host_id);
+        self.mounted.insert(
+            segment.id,
+            MountedSegment {
+                segment: segment.clone(),
+                client,
+                status: SegmentStatus::OK,
+                host_id,
+                allocator: Some(allocator),
+            },
+        );
+        self.client_segments
+            .entry(client)
+            .or_default()
+            .push(segment.id);
+        self.by_name.entry(name).or_default().push(segment.id);
+        self.total_capacity_bytes += segment.size;
+        if !segment.host_id.is_empty() {
+            self.client_host.insert(client, segment.host_id.clone());
+        }
+        Ok(Mounted::New)
+    }
+
+    /// Undoes a mount made moments ago (ReMount rollback). Nothing can point into it yet.
+    fn unmount_fresh(&mut self, id: SegmentId) {
+        if self.prepare_unmount(id).is_ok() {
+            self.commit_unmount(id);
+        }
+    }
+
+    /// Upstream's ReMount (see [`crate::MasterService::remount_segments`]).
+    pub fn remount(&mut self, segments: &[Segment], client: ClientId) -> Result<(), ErrorCode> {
+        for segment in segments {
+            if !segment.host_id.is_empty() {
+                self.client_host.insert(client, segment.host_id.clone());
+            }
+        }
+        for segment in segments {
+            if let Some(existing) = self.mounted.get(&segment.id) {
+                if existing.client != client || existing.segment != *segment {
+                    return Err(ErrorCode::INVALID_PARAMS);
+                }
+            }
+        }
+        if self.ok_clients.contains(&client) {
+            return Ok(());
+        }
+        let mut fresh = Vec::new();
+        for segment in segments {
+            match self.mount(segment, client) {
+                Ok(Mounted::New) => fresh.push(segment.id),
+                Ok(Mounted::AlreadyMounted)
+                | Err(ErrorCode::INVALID_PARAMS | ErrorCode::SEGMENT_ALREADY_EXISTS) => {}
+                Err(code) => {
+                    for id in fresh {
+                        self.unmount_fresh(id);
+                    }
+                    return Err(code);
+                }
+            }
+        }
+        self.ok_clients.insert(client);
+        Ok(())
+    }
+
+    /// First step of an unmount. `Ok(None)` for an unknown segment (idempotent); otherwise the
+    /// allocator is removed from placement and its strong reference returned, to be dropped by the
+    /// caller after the lock is released: every handle into the segment is dead from then on.
+    pub fn prepare_unmount(
+        &mut self,
+        id: SegmentId,
+    ) -> Result<Option<Option<Arc<SegmentAllocator>>>, ErrorCode> {
+        let Some(seg) = self.mounted.get_mut(&id) else {
+            return Ok(None);
+        };
+        if seg.status == SegmentStatus::UNMOUNTING {
+            return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
+        }
+        let allocator = seg.allocator.take();
+        if let Some(a) = &allocator {
+            self.allocatable.remove(a, &seg.host_id);
+        }
+        seg.status = SegmentStatus::UNMOUNTING;
+        self.graceful.retain(|g| g.segment_id != id);
+        Ok(Some(allocator))
+    }
+
+    /// Last step of an unmount: forget the segment.
+    pub fn commit_unmount(&mut self, id: SegmentId) {
+        let Some(seg) = self.mounted.remove(&id) else {
+            return;
+        };
+        if let Some(list) = self.client_segments.get_mut(&seg.client) {
+            list.retain(|s| *s != id);
+            if list.is_empty() {
+                self.client_segments.remove(&seg.client);
+            }
+        }
+        let name = seg.segment.name.as_str();
+        if let Some(list) = self.by_name.get_mut(name) {
+            list.retain(|s| *s != id);
+            if list.is_empty() {
+                self.by_name.remove(name);
+            }
+        }
+        self.total_capacity_bytes -= seg.segment.size;
+    }
+
+    /// Upstream's GracefulUnmountSegment checks and state change.
+    pub fn start_graceful_unmount(
+        &mut self,
+        id: SegmentId,
+        client: ClientId,
+        deadline_ms: u64,
+    ) -> Result<(), ErrorCode> {
+        let owned = self
+            .client_segments
+            .get(&client)
+            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+        if !owned.contains(&id) {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        let seg = self
+            .mounted
+            .get_mut(&id)
+            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+        match seg.status {
+            SegmentStatus::GRACEFULLY_UNMOUNTING => return Ok(()),
+            SegmentStatus::OK | SegmentStatus::DRAINING => {}
+            _ => return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS),
+        }
+        if seg.status == SegmentStatus::OK {
+            if let Some(a) = &seg.allocator {
+                self.allocatable.remove(a, &seg.host_id);
+            }
+        }
+        seg.status = SegmentStatus::GRACEFULLY_UNMOUNTING;
+        self.graceful.push(GracefulUnmount {
+            deadline_ms,
+            segment_id: id,
+            client,
+        });
+        Ok(())
+    }
+
+    /// Drain-job status changes: OK ⇄ DRAINING, DRAINING → DRAINED. Leaving OK removes the
+    /// segment from placement; returning to OK adds it back.
+    pub fn set_status(&mut self, id: SegmentId, status: SegmentStatus) -> Result<(), ErrorCode> {
+        let seg = self
+            .mounted
+            .get_mut(&id)
+            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+        let allowed = matches!(
+            (seg.status, status),
+            (SegmentStatus::OK, SegmentStatus::DRAINING)
+                | (SegmentStatus::DRAINING, SegmentStatus::OK)
+                | (SegmentStatus::DRAINING, SegmentStatus::DRAINED)
+                | (SegmentStatus::DRAINED, SegmentStatus::OK)
+        );
+        if seg.status == status {
+            return Ok(());
+        }
+        if !allowed {
+            return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
+        }
+        if let Some(a) = &seg.allocator {
+            if seg.status == SegmentStatus::OK {
+                self.allocatable.remove(a, &seg.host_id);
+            } else if status == SegmentStatus::OK {
+                self.allocatable.insert(a.clone(), &seg.host_id);
+            }
+        }
+        seg.status = status;
+        Ok(())
+    }
+
+    pub fn usage(seg: &MountedSegment) -> SegmentUsage {
+        SegmentUsage {
+            id: seg.segment.id,
+            name: seg.segment.name.clone(),
+            client: seg.client,
+            status: seg.status,
+            base: seg.segment.base,
+            capacity_bytes: seg.segment.size,
+            used_bytes: seg.allocator.as_ref().map(|a| a.used_bytes()),
+            live_buffers: seg.allocator.as_ref().map(|a| a.live_buffers()),
+        }
+    }
+}
+
+/// The segment manager.
+#[derive(Debug, Default)]
+pub(crate) struct SegmentManager {
+    pub inner: RwLock<Segments>,
+}
