@@ -75,7 +75,7 @@ impl Default for LogOptions {
             checkpoint_interval_ms: 60_000,
             checkpoint_quarantine_ratio: 0.25,
             headroom_ratio: 0.125,
-            min_headroom_bytes: 64 << 20,
+            min_headroom_bytes: 4 << 20,
             verify_on_open: true,
         }
     }
