@@ -1,0 +1,301 @@
+//! Batches: what callers submit, and how each entry's completion is reported.
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use parking_lot::{Condvar, Mutex};
+
+use crate::endpoint::Endpoint;
+use crate::error::TransferError;
+use crate::registry::InflightGuard;
+
+/// Direction of an entry, seen from the caller.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Op {
+    /// Remote segment → local memory.
+    Read,
+    /// Local memory → remote segment.
+    Write,
+}
+
+/// One entry of a batch. `local_addr..local_addr+len_bytes` must lie inside a region registered
+/// with this engine; the remote range is checked by the side that owns it.
+#[derive(Debug, Clone)]
+pub struct TransferRequest {
+    pub op: Op,
+    pub local_addr: usize,
+    pub len_bytes: u64,
+    pub remote: Arc<Endpoint>,
+    pub segment_id: u64,
+    pub remote_offset: u64,
+}
+
+impl TransferRequest {
+    /// Read `len_bytes` at `remote_offset` of the remote segment into `local_addr`.
+    pub fn read(
+        local_addr: *mut u8,
+        len_bytes: u64,
+        remote: &Arc<Endpoint>,
+        segment_id: u64,
+        remote_offset: u64,
+    ) -> Self {
+        TransferRequest {
+            op: Op::Read,
+            local_addr: local_addr as usize,
+            len_bytes,
+            remote: Arc::clone(remote),
+            segment_id,
+            remote_offset,
+        }
+    }
+
+    /// Write `len_bytes` from `local_addr` to `remote_offset` of the remote segment.
+    pub fn write(
+        local_addr: *const u8,
+        len_bytes: u64,
+        remote: &Arc<Endpoint>,
+        segment_id: u64,
+        remote_offset: u64,
+    ) -> Self {
+        TransferRequest {
+            op: Op::Write,
+            local_addr: local_addr as usize,
+            len_bytes,
+            remote: Arc::clone(remote),
+            segment_id,
+            remote_offset,
+        }
+    }
+}
+
+/// Where one entry stands.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum EntryStatus {
+    Pending,
+    Completed,
+    Failed(TransferError),
+}
+
+#[derive(Debug)]
+struct EntrySlot {
+    chunks_left: AtomicUsize,
+    /// First error of any chunk; `Some(Ok)` once every chunk succeeded.
+    result: Mutex<Option<Result<(), TransferError>>>,
+    first_error: Mutex<Option<TransferError>>,
+}
+
+/// Shared completion state of one batch.
+#[derive(Debug)]
+pub(crate) struct BatchState {
+    entries: Vec<EntrySlot>,
+    entries_left: AtomicUsize,
+    lock: Mutex<()>,
+    done: Condvar,
+    notify: tokio::sync::Notify,
+    deadline: Instant,
+}
+
+impl BatchState {
+    pub(crate) fn new(entry_count: usize, deadline: Instant) -> Arc<BatchState> {
+        Arc::new(BatchState {
+            entries: (0..entry_count)
+                .map(|_| EntrySlot {
+                    chunks_left: AtomicUsize::new(0),
+                    result: Mutex::new(None),
+                    first_error: Mutex::new(None),
+                })
+                .collect(),
+            entries_left: AtomicUsize::new(entry_count),
+            lock: Mutex::new(()),
+            done: Condvar::new(),
+            notify: tokio::sync::Notify::new(),
+            deadline,
+        })
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Declares how many chunks entry `index` was split into (before any chunk runs).
+    pub(crate) fn set_chunks(&self, index: usize, chunks: usize) {
+        self.entries[index]
+            .chunks_left
+            .store(chunks, Ordering::Release);
+    }
+
+    /// Finishes an entry that never produced chunks (validation failure or zero length).
+    pub(crate) fn finish_entry(&self, index: usize, result: Result<(), TransferError>) {
+        let slot = &self.entries[index];
+        *slot.result.lock() = Some(result);
+        self.entry_done();
+    }
+
+    /// One chunk of entry `index` is over: its memory is no longer touched by anyone.
+    pub(crate) fn finish_chunk(&self, index: usize, result: Result<(), TransferError>) {
+        let slot = &self.entries[index];
+        if let Err(err) = result {
+            let mut first = slot.first_error.lock();
+            if first.is_none() {
+                *first = Some(err);
+            }
+        }
+        if slot.chunks_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let outcome = match slot.first_error.lock().take() {
+                Some(err) => Err(err),
+                None => Ok(()),
+            };
+            *slot.result.lock() = Some(outcome);
+            self.entry_done();
+        }
+    }
+
+    fn entry_done(&self) {
+        if self.entries_left.fetch_sub(1, Ordering::AcqRel) == 1 {
+            let _guard = self.lock.lock();
+            self.done.notify_all();
+            self.notify.notify_waiters();
+        }
+    }
+
+    fn is_done(&self) -> bool {
+        self.entries_left.load(Ordering::Acquire) == 0
+    }
+}
+
+/// A submitted batch. Dropping it does not cancel anything: entries still run to completion
+/// (their memory stays pinned by the engine until then).
+#[derive(Debug, Clone)]
+pub struct Batch {
+    state: Arc<BatchState>,
+}
+
+impl Batch {
+    pub(crate) fn new(state: Arc<BatchState>) -> Batch {
+        Batch { state }
+    }
+
+    /// Number of entries.
+    pub fn len(&self) -> usize {
+        self.state.entries.len()
+    }
+
+    /// True for an empty batch.
+    pub fn is_empty(&self) -> bool {
+        self.state.entries.is_empty()
+    }
+
+    /// True once every entry has completed or failed.
+    pub fn is_done(&self) -> bool {
+        self.state.is_done()
+    }
+
+    /// Status of entry `index` (`None` past the end).
+    pub fn status(&self, index: usize) -> Option<EntryStatus> {
+        let slot = self.state.entries.get(index)?;
+        Some(match &*slot.result.lock() {
+            None => EntryStatus::Pending,
+            Some(Ok(())) => EntryStatus::Completed,
+            Some(Err(err)) => EntryStatus::Failed(err.clone()),
+        })
+    }
+
+    /// Blocks until every entry is over; returns one result per entry, in order. Entries end by
+    /// their deadline (engine `entry_timeout_ms`), so this returns in bounded time.
+    pub fn wait(&self) -> Vec<Result<(), TransferError>> {
+        let mut guard = self.state.lock.lock();
+        while !self.state.is_done() {
+            // Periodic re-check guards against a missed wakeup; completion normally notifies.
+            self.state
+                .done
+                .wait_for(&mut guard, Duration::from_millis(100));
+        }
+        drop(guard);
+        self.results()
+    }
+
+    /// Blocks at most `timeout`; `None` if some entry is still pending then.
+    pub fn wait_timeout(&self, timeout: Duration) -> Option<Vec<Result<(), TransferError>>> {
+        let deadline = Instant::now() + timeout;
+        let mut guard = self.state.lock.lock();
+        while !self.state.is_done() {
+            if self.state.done.wait_until(&mut guard, deadline).timed_out() && !self.state.is_done()
+            {
+                return None;
+            }
+        }
+        drop(guard);
+        Some(self.results())
+    }
+
+    /// Async wait: resolves when every entry is over. Never blocks the executor.
+    pub async fn wait_async(&self) -> Vec<Result<(), TransferError>> {
+        loop {
+            let notified = self.state.notify.notified();
+            if self.state.is_done() {
+                return self.results();
+            }
+            notified.await;
+        }
+    }
+
+    fn results(&self) -> Vec<Result<(), TransferError>> {
+        self.state
+            .entries
+            .iter()
+            .map(|slot| {
+                slot.result
+                    .lock()
+                    .clone()
+                    .unwrap_or(Err(TransferError::ShuttingDown))
+            })
+            .collect()
+    }
+}
+
+/// One piece of an entry, moved by exactly one transport. Finishing it (or dropping it)
+/// releases the local pin and then reports to the batch, so a caller that sees the entry done
+/// (or an `unregister` that sees the pin count drop) knows nobody touches that memory any more.
+#[derive(Debug)]
+pub(crate) struct Chunk {
+    pub(crate) batch: Arc<BatchState>,
+    pub(crate) index: usize,
+    pub(crate) op: Op,
+    /// First local byte of this chunk (inside the pinned region).
+    pub(crate) local_ptr: usize,
+    pub(crate) len_bytes: usize,
+    pub(crate) segment_id: u64,
+    pub(crate) remote_offset: u64,
+    pub(crate) remote: Arc<Endpoint>,
+    /// Pin of the local region, shared by the chunks of one entry; `None` once reported.
+    pub(crate) pin: Option<Arc<InflightGuard>>,
+}
+
+impl Chunk {
+    pub(crate) fn local_ptr(&self) -> *mut u8 {
+        self.local_ptr as *mut u8
+    }
+
+    pub(crate) fn deadline(&self) -> Instant {
+        self.batch.deadline()
+    }
+
+    /// Reports the result; the local pin is released first, then the batch is told.
+    pub(crate) fn finish(mut self, result: Result<(), TransferError>) {
+        self.report(result);
+    }
+
+    fn report(&mut self, result: Result<(), TransferError>) {
+        if self.pin.take().is_some() {
+            self.batch.finish_chunk(self.index, result);
+        }
+    }
+}
+
+impl Drop for Chunk {
+    fn drop(&mut self) {
+        // A chunk dropped without a result (a queue torn down at shutdown) still completes.
+        self.report(Err(TransferError::ShuttingDown));
+    }
+}

@@ -1,0 +1,741 @@
+//! The transfer engine: owns the registry, the servers, the peer pools and the copy workers,
+//! and routes every chunk of a batch to memcpy, shared memory or TCP.
+
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+use std::thread::JoinHandle;
+use std::time::{Duration, Instant};
+
+use crossbeam_channel::{Receiver, Sender};
+use parking_lot::Mutex;
+
+use crate::batch::{Batch, BatchState, Chunk, Op, TransferRequest};
+use crate::config::{TransferConfig, TransportMode};
+use crate::endpoint::{local_host_id, Endpoint};
+use crate::error::TransferError;
+use crate::memory::Mapping;
+use crate::registry::{Region, RegionKind, Registry};
+use crate::shm::{self, PeerMapping, ShmServer};
+use crate::tcp::client::{PoolConfig, TcpPeer};
+use crate::tcp::server::{ServerStats, TcpServer};
+
+/// How long a failed shared-memory handshake sends a peer's segment to TCP before retrying.
+const SHM_RETRY_AFTER: Duration = Duration::from_secs(5);
+
+/// Options of an engine-allocated segment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SegmentOptions {
+    /// Same-host peers may map it over shared memory. Default true.
+    pub shareable: bool,
+    /// Try 2 MiB pages first (falls back to normal pages). Default false.
+    pub huge_pages: bool,
+}
+
+impl Default for SegmentOptions {
+    fn default() -> Self {
+        SegmentOptions {
+            shareable: true,
+            huge_pages: false,
+        }
+    }
+}
+
+/// Engine-allocated registered memory (a segment or a local buffer). Cloning is cheap; the
+/// memory stays mapped while the region is registered or any handle or transfer refers to it.
+#[derive(Debug, Clone)]
+pub struct MemoryHandle {
+    region: Arc<Region>,
+}
+
+impl MemoryHandle {
+    /// The region id; for a segment, the segment id peers address.
+    pub fn id(&self) -> u64 {
+        self.region.id()
+    }
+    pub fn as_ptr(&self) -> *mut u8 {
+        self.region.base() as *mut u8
+    }
+    pub fn len_bytes(&self) -> usize {
+        self.region.len_bytes()
+    }
+    pub fn kind(&self) -> RegionKind {
+        self.region.kind()
+    }
+    /// True when backed by huge pages.
+    pub fn huge_pages(&self) -> bool {
+        self.region.mapping().is_some_and(|m| m.huge_pages())
+    }
+    /// Transfers currently pinning this region.
+    pub fn inflight(&self) -> usize {
+        self.region.inflight()
+    }
+
+    /// Copies `data` into the region at `offset` (bounds-checked).
+    pub fn write_at(&self, offset: usize, data: &[u8]) -> Result<(), TransferError> {
+        self.check(offset, data.len())?;
+        // SAFETY: [base+offset, +len) is inside the mapping, which `self.region` keeps alive;
+        // `data` is a separate Rust allocation so the ranges cannot overlap.
+        unsafe {
+            std::ptr::copy_nonoverlapping(data.as_ptr(), self.as_ptr().add(offset), data.len());
+        }
+        Ok(())
+    }
+
+    /// Copies `out.len()` bytes at `offset` out of the region (bounds-checked).
+    pub fn read_at(&self, offset: usize, out: &mut [u8]) -> Result<(), TransferError> {
+        self.check(offset, out.len())?;
+        // SAFETY: as in write_at.
+        unsafe {
+            std::ptr::copy_nonoverlapping(self.as_ptr().add(offset), out.as_mut_ptr(), out.len());
+        }
+        Ok(())
+    }
+
+    fn check(&self, offset: usize, len: usize) -> Result<(), TransferError> {
+        if offset
+            .checked_add(len)
+            .is_some_and(|end| end <= self.len_bytes())
+        {
+            Ok(())
+        } else {
+            Err(TransferError::OutOfBounds {
+                segment_id: self.id(),
+                offset: offset as u64,
+                len_bytes: len as u64,
+                size_bytes: self.len_bytes() as u64,
+            })
+        }
+    }
+}
+
+enum CopyJob {
+    Local(Chunk),
+    Shm(Chunk),
+    Stop,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Route {
+    Local,
+    Shm,
+    Tcp,
+}
+
+type PeerKey = (u64, String);
+
+struct Inner {
+    config: TransferConfig,
+    registry: Arc<Registry>,
+    endpoint: Arc<Endpoint>,
+    host_id: String,
+    page_bytes: usize,
+    closed: AtomicBool,
+    copy_tx: Sender<CopyJob>,
+    copy_rx: Receiver<CopyJob>,
+    copy_threads: Mutex<Vec<JoinHandle<()>>>,
+    peers: Mutex<HashMap<PeerKey, Arc<TcpPeer>>>,
+    shm_maps: Mutex<HashMap<(u64, u64), Arc<PeerMapping>>>,
+    shm_failures: Mutex<HashMap<(u64, u64), (Instant, TransferError)>>,
+    tcp_server: Mutex<Option<TcpServer>>,
+    shm_server: Mutex<Option<ShmServer>>,
+    server_stats: Arc<ServerStats>,
+}
+
+impl std::fmt::Debug for Inner {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("TransferEngine")
+            .field("endpoint", &self.endpoint.to_string())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A running transfer engine. Dropping it shuts it down: servers stop, pending entries fail
+/// with `ShuttingDown`, threads are joined.
+#[derive(Debug)]
+pub struct TransferEngine {
+    inner: Arc<Inner>,
+}
+
+fn page_bytes() -> usize {
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let page = unsafe { libc::sysconf(libc::_SC_PAGESIZE) };
+    usize::try_from(page)
+        .ok()
+        .filter(|&p| p > 0)
+        .unwrap_or(4096)
+}
+
+impl TransferEngine {
+    /// Validates the config, starts the TCP server (and the shm server) and the copy workers.
+    pub fn start(config: TransferConfig) -> Result<TransferEngine, TransferError> {
+        config.validate()?;
+        let registry = Arc::new(Registry::default());
+        let server_stats = Arc::new(ServerStats::default());
+        let tcp_server = TcpServer::start(
+            config.tcp_bind_addr,
+            Arc::clone(&registry),
+            config.max_server_connections,
+            Duration::from_millis(config.server_io_timeout_ms),
+            Arc::clone(&server_stats),
+        )?;
+        let instance_id: u64 = rand::random::<u64>() | 1; // never 0
+        let host_id = config.host_id.clone().unwrap_or_else(local_host_id);
+        let shm_server = if config.enable_shm_server {
+            Some(ShmServer::start(
+                &config.shm_socket_dir,
+                &format!("{instance_id:016x}"),
+                config.shm_socket_mode,
+                Arc::clone(&registry),
+            )?)
+        } else {
+            None
+        };
+        let addr = tcp_server.local_addr();
+        let host = match &config.advertise_host {
+            Some(host) => host.clone(),
+            None if addr.ip().is_unspecified() => {
+                std::fs::read_to_string("/proc/sys/kernel/hostname")
+                    .map(|h| h.trim().to_string())
+                    .unwrap_or_else(|_| "localhost".into())
+            }
+            None if addr.is_ipv6() => format!("[{}]", addr.ip()),
+            None => addr.ip().to_string(),
+        };
+        let endpoint = Arc::new(Endpoint::new(
+            host,
+            addr.port(),
+            instance_id,
+            Some(host_id.clone()),
+            shm_server.as_ref().map(|s| s.path().to_path_buf()),
+        )?);
+        let (copy_tx, copy_rx) = crossbeam_channel::unbounded();
+        let inner = Arc::new(Inner {
+            config,
+            registry,
+            endpoint,
+            host_id,
+            page_bytes: page_bytes(),
+            closed: AtomicBool::new(false),
+            copy_tx,
+            copy_rx,
+            copy_threads: Mutex::new(Vec::new()),
+            peers: Mutex::new(HashMap::new()),
+            shm_maps: Mutex::new(HashMap::new()),
+            shm_failures: Mutex::new(HashMap::new()),
+            tcp_server: Mutex::new(Some(tcp_server)),
+            shm_server: Mutex::new(shm_server),
+            server_stats,
+        });
+        let engine = TransferEngine {
+            inner: Arc::clone(&inner),
+        };
+        for i in 0..inner.config.copy_threads {
+            let worker = Arc::clone(&inner);
+            let rx = inner.copy_rx.clone();
+            let handle = std::thread::Builder::new()
+                .name(format!("mc-copy-{i}"))
+                .spawn(move || worker.copy_loop(&rx))
+                .map_err(|e| TransferError::Io(format!("spawn copy thread: {e}")))?;
+            inner.copy_threads.lock().push(handle);
+        }
+        Ok(engine)
+    }
+
+    /// The endpoint string peers use to reach this engine's segments.
+    pub fn endpoint(&self) -> &Arc<Endpoint> {
+        &self.inner.endpoint
+    }
+
+    /// The configuration in force.
+    pub fn config(&self) -> &TransferConfig {
+        &self.inner.config
+    }
+
+    /// Counters of this engine's TCP server.
+    pub fn server_stats(&self) -> &ServerStats {
+        &self.inner.server_stats
+    }
+
+    /// Allocates and registers a segment (remote-accessible; shareable per `options`).
+    pub fn allocate_segment(
+        &self,
+        size_bytes: usize,
+        options: SegmentOptions,
+    ) -> Result<MemoryHandle, TransferError> {
+        let inner = &self.inner;
+        let control = shm::control_offset(size_bytes, inner.page_bytes);
+        let total = control
+            .checked_add(inner.page_bytes)
+            .ok_or_else(|| TransferError::InvalidParams(format!("size {size_bytes} too large")))?;
+        let name = format!("mooncake-segment-{size_bytes}");
+        let mapping = Arc::new(Mapping::allocate(&name, total.max(1), options.huge_pages)?);
+        if size_bytes == 0 {
+            return Err(TransferError::InvalidParams(
+                "a segment needs a non-zero size".into(),
+            ));
+        }
+        // SAFETY: control < total <= mapping length, page aligned, so 8-byte aligned.
+        unsafe { shm::control_word(mapping.as_ptr(), control) }
+            .store(shm::CONTROL_LIVE, Ordering::Release);
+        let region = inner.registry.register(
+            RegionKind::Segment {
+                shareable: options.shareable,
+            },
+            mapping.as_ptr() as usize,
+            size_bytes,
+            Some(mapping),
+        )?;
+        Ok(MemoryHandle { region })
+    }
+
+    /// Allocates and registers a local buffer (the local side of transfers only).
+    pub fn allocate_local_buffer(&self, size_bytes: usize) -> Result<MemoryHandle, TransferError> {
+        let mapping = Arc::new(Mapping::allocate(
+            "mooncake-local-buffer",
+            size_bytes,
+            false,
+        )?);
+        let region = self.inner.registry.register(
+            RegionKind::LocalBuffer,
+            mapping.as_ptr() as usize,
+            size_bytes,
+            Some(mapping),
+        )?;
+        Ok(MemoryHandle { region })
+    }
+
+    /// Registers caller-owned memory as a user buffer (zero-copy local side) and returns its
+    /// region id.
+    ///
+    /// # Safety
+    /// `[ptr, ptr+len_bytes)` must stay valid for reads and writes until `unregister` of the
+    /// returned id has returned `Ok` (or the engine has been dropped).
+    pub unsafe fn register_user_buffer(
+        &self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<u64, TransferError> {
+        let region =
+            self.inner
+                .registry
+                .register(RegionKind::UserBuffer, ptr as usize, len_bytes, None)?;
+        Ok(region.id())
+    }
+
+    /// Unregisters a region, waiting up to `unregister_timeout_ms` for transfers using it.
+    /// After `Ok`, no transfer touches the memory any more. On `RegionBusy` it stays registered.
+    pub fn unregister(&self, region_id: u64) -> Result<(), TransferError> {
+        self.unregister_timeout(
+            region_id,
+            Duration::from_millis(self.inner.config.unregister_timeout_ms),
+        )
+    }
+
+    /// [`TransferEngine::unregister`] with an explicit wait limit.
+    pub fn unregister_timeout(
+        &self,
+        region_id: u64,
+        timeout: Duration,
+    ) -> Result<(), TransferError> {
+        let inner = &self.inner;
+        let region = inner.registry.get(region_id);
+        inner.registry.unregister(region_id, timeout)?;
+        // Tell same-host peers that mapped it: their next copy is refused.
+        if let Some(region) = region {
+            if let (RegionKind::Segment { shareable: true }, Some(mapping)) =
+                (region.kind(), region.mapping())
+            {
+                let control = shm::control_offset(region.len_bytes(), inner.page_bytes);
+                // SAFETY: allocate_segment placed the control word at this page-aligned offset.
+                unsafe { shm::control_word(mapping.as_ptr(), control) }
+                    .store(shm::CONTROL_REVOKED, Ordering::Release);
+            }
+        }
+        Ok(())
+    }
+
+    /// Submits a batch. Never blocks on I/O and never panics: every entry ends in success or a
+    /// typed error by its deadline (`entry_timeout_ms` from now).
+    pub fn submit(&self, requests: &[TransferRequest]) -> Batch {
+        self.inner.submit(requests)
+    }
+
+    /// Submits and blocks until every entry is over.
+    pub fn transfer_sync(&self, requests: &[TransferRequest]) -> Vec<Result<(), TransferError>> {
+        self.submit(requests).wait()
+    }
+
+    /// Drops the pool and shared-memory mappings of a peer (e.g. after the master reported it
+    /// dead), releasing the memory its mappings kept alive.
+    pub fn forget_peer(&self, endpoint: &Endpoint) {
+        let inner = &self.inner;
+        let peer = inner
+            .peers
+            .lock()
+            .remove(&(endpoint.instance_id(), endpoint.tcp_authority()));
+        if let Some(peer) = peer {
+            peer.close();
+        }
+        inner
+            .shm_maps
+            .lock()
+            .retain(|(inst, _), _| *inst != endpoint.instance_id());
+        inner
+            .shm_failures
+            .lock()
+            .retain(|(inst, _), _| *inst != endpoint.instance_id());
+    }
+
+    /// Live TCP connection threads of the pool for `endpoint` (0 when none).
+    pub fn pooled_connections(&self, endpoint: &Endpoint) -> usize {
+        self.inner
+            .peers
+            .lock()
+            .get(&(endpoint.instance_id(), endpoint.tcp_authority()))
+            .map_or(0, |p| p.live_connections())
+    }
+
+    /// Number of peer segments currently mapped over shared memory.
+    pub fn shm_mapped_segments(&self) -> usize {
+        self.inner.shm_maps.lock().len()
+    }
+
+    /// Stops everything; pending entries fail with `ShuttingDown`. Called by `Drop`.
+    pub fn shutdown(&self) {
+        self.inner.shutdown();
+    }
+}
+
+impl Drop for TransferEngine {
+    fn drop(&mut self) {
+        self.inner.shutdown();
+    }
+}
+
+impl Inner {
+    fn shutdown(&self) {
+        if self.closed.swap(true, Ordering::SeqCst) {
+            return;
+        }
+        if let Some(mut server) = self.tcp_server.lock().take() {
+            server.shutdown();
+        }
+        if let Some(mut server) = self.shm_server.lock().take() {
+            server.shutdown();
+        }
+        let peers: Vec<Arc<TcpPeer>> = self.peers.lock().drain().map(|(_, p)| p).collect();
+        for peer in peers {
+            peer.close();
+        }
+        let threads = std::mem::take(&mut *self.copy_threads.lock());
+        for _ in &threads {
+            let _ = self.copy_tx.send(CopyJob::Stop);
+        }
+        for thread in threads {
+            let _ = thread.join();
+        }
+        // Whatever is still queued fails (dropping a chunk reports ShuttingDown).
+        while let Ok(job) = self.copy_rx.try_recv() {
+            drop(job);
+        }
+        self.shm_maps.lock().clear();
+    }
+
+    fn route(&self, remote: &Endpoint, segment_id: u64) -> Result<Route, TransferError> {
+        if remote.instance_id() == self.endpoint.instance_id() {
+            return Ok(Route::Local);
+        }
+        let same_host =
+            remote.host_id() == Some(self.host_id.as_str()) && remote.shm_path().is_some();
+        match self.config.transport {
+            TransportMode::Tcp => Ok(Route::Tcp),
+            TransportMode::Auto if !same_host => Ok(Route::Tcp),
+            TransportMode::Auto => {
+                let key = (remote.instance_id(), segment_id);
+                let recently_failed = self
+                    .shm_failures
+                    .lock()
+                    .get(&key)
+                    .is_some_and(|(at, _)| at.elapsed() < SHM_RETRY_AFTER);
+                Ok(if recently_failed {
+                    Route::Tcp
+                } else {
+                    Route::Shm
+                })
+            }
+            TransportMode::Shm if same_host => Ok(Route::Shm),
+            TransportMode::Shm => Err(TransferError::ShmUnavailable {
+                endpoint: remote.to_string(),
+                reason: "peer is not on this host or offers no shm socket".into(),
+            }),
+        }
+    }
+
+    fn chunk_len(&self, len: usize, route: Route) -> usize {
+        let stripes = match route {
+            Route::Tcp => self.config.connections_per_peer,
+            Route::Local | Route::Shm => self.config.copy_threads,
+        };
+        len.div_ceil(stripes)
+            .clamp(self.config.min_chunk_bytes, self.config.max_chunk_bytes)
+    }
+
+    fn submit(&self, requests: &[TransferRequest]) -> Batch {
+        let timeout = Duration::from_millis(self.config.entry_timeout_ms);
+        let state = BatchState::new(requests.len(), Instant::now() + timeout);
+        if requests.len() > self.config.max_batch_entries {
+            for index in 0..requests.len() {
+                state.finish_entry(
+                    index,
+                    Err(TransferError::InvalidParams(format!(
+                        "batch of {} entries exceeds max_batch_entries {}",
+                        requests.len(),
+                        self.config.max_batch_entries
+                    ))),
+                );
+            }
+            return Batch::new(state);
+        }
+        let mut tcp_groups: HashMap<PeerKey, Vec<Chunk>> = HashMap::new();
+        for (index, request) in requests.iter().enumerate() {
+            match self.plan(&state, index, request) {
+                Ok((route, chunks)) => {
+                    state.set_chunks(index, chunks.len());
+                    for chunk in chunks {
+                        match route {
+                            Route::Tcp => tcp_groups
+                                .entry((
+                                    request.remote.instance_id(),
+                                    request.remote.tcp_authority(),
+                                ))
+                                .or_default()
+                                .push(chunk),
+                            // A failed send means shutdown: dropping the chunk reports it.
+                            Route::Local => drop(self.copy_tx.send(CopyJob::Local(chunk))),
+                            Route::Shm => drop(self.copy_tx.send(CopyJob::Shm(chunk))),
+                        }
+                    }
+                }
+                Err(err) => state.finish_entry(index, Err(err)),
+            }
+        }
+        for (_, chunks) in tcp_groups {
+            self.send_tcp(chunks);
+        }
+        Batch::new(state)
+    }
+
+    /// Validates one entry and splits it into chunks; `Err` fails the entry at once.
+    fn plan(
+        &self,
+        state: &Arc<BatchState>,
+        index: usize,
+        request: &TransferRequest,
+    ) -> Result<(Route, Vec<Chunk>), TransferError> {
+        if self.closed.load(Ordering::SeqCst) {
+            return Err(TransferError::ShuttingDown);
+        }
+        let len = request.len_bytes;
+        if request.remote_offset.checked_add(len).is_none() {
+            return Err(TransferError::OutOfBounds {
+                segment_id: request.segment_id,
+                offset: request.remote_offset,
+                len_bytes: len,
+                size_bytes: 0,
+            });
+        }
+        let route = self.route(&request.remote, request.segment_id)?;
+        if len == 0 {
+            return Ok((route, Vec::new()));
+        }
+        let pin = Arc::new(self.registry.acquire_local(request.local_addr, len)?);
+        let len = pin.len_bytes();
+        let chunk_len = self.chunk_len(len, route);
+        let mut chunks = Vec::with_capacity(len.div_ceil(chunk_len));
+        let mut done = 0usize;
+        while done < len {
+            let this = chunk_len.min(len - done);
+            chunks.push(Chunk {
+                batch: Arc::clone(state),
+                index,
+                op: request.op,
+                local_ptr: request.local_addr + done,
+                len_bytes: this,
+                segment_id: request.segment_id,
+                remote_offset: request.remote_offset + done as u64,
+                remote: Arc::clone(&request.remote),
+                pin: Some(Arc::clone(&pin)),
+            });
+            done += this;
+        }
+        Ok((route, chunks))
+    }
+
+    fn send_tcp(&self, chunks: Vec<Chunk>) {
+        let Some(first) = chunks.first() else { return };
+        let remote = Arc::clone(&first.remote);
+        let key = (remote.instance_id(), remote.tcp_authority());
+        let peer = {
+            let mut peers = self.peers.lock();
+            if self.closed.load(Ordering::SeqCst) {
+                drop(peers);
+                for chunk in chunks {
+                    chunk.finish(Err(TransferError::ShuttingDown));
+                }
+                return;
+            }
+            Arc::clone(peers.entry(key).or_insert_with(|| {
+                TcpPeer::new(
+                    remote,
+                    PoolConfig {
+                        connections: self.config.connections_per_peer,
+                        pipeline_depth: self.config.pipeline_depth,
+                        connect_timeout: Duration::from_millis(self.config.connect_timeout_ms),
+                        entry_timeout: Duration::from_millis(self.config.entry_timeout_ms),
+                        idle_close: Duration::from_millis(self.config.idle_connection_ms),
+                    },
+                )
+            }))
+        };
+        peer.submit(chunks);
+    }
+
+    fn copy_loop(&self, rx: &Receiver<CopyJob>) {
+        while let Ok(job) = rx.recv() {
+            match job {
+                CopyJob::Stop => break,
+                CopyJob::Local(chunk) => {
+                    let result = self.copy_local(&chunk);
+                    chunk.finish(result);
+                }
+                CopyJob::Shm(chunk) => self.copy_shm(chunk),
+            }
+        }
+    }
+
+    fn timeout_error(&self) -> TransferError {
+        TransferError::Timeout {
+            timeout_ms: self.config.entry_timeout_ms,
+        }
+    }
+
+    fn copy_local(&self, chunk: &Chunk) -> Result<(), TransferError> {
+        if Instant::now() > chunk.deadline() {
+            return Err(self.timeout_error());
+        }
+        let target = self.registry.acquire_segment(
+            chunk.segment_id,
+            chunk.remote_offset,
+            chunk.len_bytes as u64,
+        )?;
+        let (src, dst) = match chunk.op {
+            Op::Read => (target.ptr(), chunk.local_ptr()),
+            Op::Write => (chunk.local_ptr(), target.ptr()),
+        };
+        // SAFETY: both ranges are pinned registered memory of len_bytes (the segment range by
+        // `target`, the local range by the chunk). They may overlap (same segment), hence copy
+        // (memmove) rather than copy_nonoverlapping.
+        unsafe { std::ptr::copy(src, dst, chunk.len_bytes) };
+        Ok(())
+    }
+
+    fn copy_shm(&self, chunk: Chunk) {
+        if Instant::now() > chunk.deadline() {
+            chunk.finish(Err(self.timeout_error()));
+            return;
+        }
+        let remote = Arc::clone(&chunk.remote);
+        let mapping = match self.peer_mapping(&remote, chunk.segment_id) {
+            Ok(mapping) => mapping,
+            Err(err) => {
+                if self.config.transport == TransportMode::Auto {
+                    self.send_tcp(vec![chunk]);
+                } else {
+                    chunk.finish(Err(TransferError::ShmUnavailable {
+                        endpoint: remote.to_string(),
+                        reason: err.to_string(),
+                    }));
+                }
+                return;
+            }
+        };
+        let result = self.copy_mapped(&mapping, &chunk);
+        if matches!(result, Err(TransferError::SegmentNotFound { .. })) {
+            self.shm_maps
+                .lock()
+                .remove(&(remote.instance_id(), chunk.segment_id));
+        }
+        chunk.finish(result);
+    }
+
+    fn copy_mapped(&self, mapping: &PeerMapping, chunk: &Chunk) -> Result<(), TransferError> {
+        let len = chunk.len_bytes as u64;
+        let fits = chunk
+            .remote_offset
+            .checked_add(len)
+            .is_some_and(|end| end <= mapping.size_bytes);
+        if !fits {
+            return Err(TransferError::OutOfBounds {
+                segment_id: chunk.segment_id,
+                offset: chunk.remote_offset,
+                len_bytes: len,
+                size_bytes: mapping.size_bytes,
+            });
+        }
+        if !mapping.is_live() {
+            return Err(TransferError::SegmentNotFound {
+                segment_id: chunk.segment_id,
+            });
+        }
+        // fits => remote_offset < size_bytes <= mapped length (a usize).
+        let remote_ptr = mapping
+            .mapping
+            .as_ptr()
+            .wrapping_add(chunk.remote_offset as usize);
+        let (src, dst) = match chunk.op {
+            Op::Read => (remote_ptr, chunk.local_ptr()),
+            Op::Write => (chunk.local_ptr(), remote_ptr),
+        };
+        // SAFETY: the remote range is inside the peer mapping (checked above; `mapping` is held
+        // by an Arc for the call) and the local range is pinned registered memory. memmove in
+        // case the peer is this process's own memfd mapped twice.
+        unsafe { std::ptr::copy(src, dst, chunk.len_bytes) };
+        Ok(())
+    }
+
+    fn peer_mapping(
+        &self,
+        remote: &Endpoint,
+        segment_id: u64,
+    ) -> Result<Arc<PeerMapping>, TransferError> {
+        let key = (remote.instance_id(), segment_id);
+        if let Some(mapping) = self.shm_maps.lock().get(&key) {
+            return Ok(Arc::clone(mapping));
+        }
+        if let Some((at, err)) = self.shm_failures.lock().get(&key) {
+            if at.elapsed() < SHM_RETRY_AFTER {
+                return Err(err.clone());
+            }
+        }
+        let socket = remote
+            .shm_path()
+            .ok_or_else(|| TransferError::ShmUnavailable {
+                endpoint: remote.to_string(),
+                reason: "no shm socket in endpoint".into(),
+            })?;
+        match shm::map_peer_segment(socket, segment_id) {
+            Ok(mapping) => {
+                let mapping = Arc::new(mapping);
+                let mut maps = self.shm_maps.lock();
+                Ok(Arc::clone(maps.entry(key).or_insert(mapping)))
+            }
+            Err(err) => {
+                self.shm_failures
+                    .lock()
+                    .insert(key, (Instant::now(), err.clone()));
+                Err(err)
+            }
+        }
+    }
+}
