@@ -8,6 +8,9 @@
 //!   checksum fails is reported as [`StorageError::Corrupt`] and dropped from the index.
 //! - `put` of an existing key replaces it (the master decides overwrite semantics, not the disk).
 //! - Before the space of an evicted object is reused, its key is passed to the eviction listener.
+//!   Order (upstream's rule): remove from the index → call the listener → free the bytes. The
+//!   listener is called with no index lock held, so it may call `exists`, `size_of`, `scan` and
+//!   `usage` (but not `put_batch`/`remove`, which may hold the writer lock).
 //! - Every input is bounded ([`Limits`]); exceeding a bound is an error, never a panic.
 
 use mooncake_common::ErrorCode;
@@ -119,6 +122,43 @@ impl BackendConfig {
             limits: Limits::default(),
         }
     }
+
+    pub fn with_durability(mut self, durability: Durability) -> Self {
+        self.durability = durability;
+        self
+    }
+
+    pub fn with_eviction(mut self, eviction: EvictionConfig) -> Self {
+        self.eviction = eviction;
+        self
+    }
+
+    pub fn with_limits(mut self, limits: Limits) -> Self {
+        self.limits = limits;
+        self
+    }
+
+    /// Checks every field; backends call this in `open`.
+    pub fn validate(&self) -> Result<(), StorageError> {
+        let bad = |why: String| Err(StorageError::InvalidConfig(why));
+        if self.capacity_bytes == 0 {
+            return bad("capacity_bytes must be > 0".into());
+        }
+        let (low, high) = (
+            self.eviction.low_watermark_ratio,
+            self.eviction.high_watermark_ratio,
+        );
+        if !(high > 0.0 && high <= 1.0 && low > 0.0 && low <= high) {
+            return bad(format!(
+                "watermarks need 0 < low ({low}) <= high ({high}) <= 1"
+            ));
+        }
+        let l = &self.limits;
+        if l.max_key_bytes == 0 || l.max_batch_entries == 0 || l.max_open_files == 0 {
+            return bad("limits must be > 0".into());
+        }
+        Ok(())
+    }
 }
 
 /// Errors of backend operations. Each maps to an upstream [`ErrorCode`].
@@ -142,6 +182,8 @@ pub enum StorageError {
     Corrupt { key: String, reason: String },
     #[error("backend is closed")]
     Closed,
+    #[error("invalid configuration: {0}")]
+    InvalidConfig(String),
     #[error("I/O error during {op}: {source}")]
     Io {
         op: &'static str,
@@ -156,9 +198,9 @@ impl StorageError {
         match self {
             StorageError::NotFound => ErrorCode::OBJECT_NOT_FOUND,
             StorageError::KeyTooLong { .. } | StorageError::InvalidKey(_) => ErrorCode::INVALID_KEY,
-            StorageError::ValueTooLarge { .. } | StorageError::BatchTooLarge { .. } => {
-                ErrorCode::INVALID_PARAMS
-            }
+            StorageError::ValueTooLarge { .. }
+            | StorageError::BatchTooLarge { .. }
+            | StorageError::InvalidConfig(_) => ErrorCode::INVALID_PARAMS,
             StorageError::BufferTooSmall { .. } => ErrorCode::BUFFER_OVERFLOW,
             StorageError::NoSpace { .. } => ErrorCode::FILE_WRITE_FAIL,
             StorageError::Corrupt { .. } => ErrorCode::FILE_READ_FAIL,

@@ -1,0 +1,64 @@
+//! Deterministic test values shared by the conformance suite, the crash child and the benchmark.
+//! Not part of the storage API.
+
+/// A 64-bit seed for `(key, version)` (FNV-1a over the key, mixed with the version).
+pub fn seed_for(key: &str, version: u64) -> u64 {
+    let mut h: u64 = 0xcbf2_9ce4_8422_2325;
+    for b in key.as_bytes() {
+        h ^= u64::from(*b);
+        h = h.wrapping_mul(0x0100_0000_01b3);
+    }
+    splitmix(h ^ splitmix(version))
+}
+
+fn splitmix(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+    x ^ (x >> 31)
+}
+
+/// Fills `buf` with the pattern of `seed` (xorshift64*, 8 bytes per step).
+pub fn fill_pattern(seed: u64, buf: &mut [u8]) {
+    let mut x = seed | 1;
+    let mut chunks = buf.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        chunk.copy_from_slice(&x.wrapping_mul(0x2545_f491_4f6c_dd1d).to_le_bytes());
+    }
+    let rest = chunks.into_remainder();
+    let last = x.wrapping_mul(0x9e37_79b9_7f4a_7c15).to_le_bytes();
+    let n = rest.len();
+    rest.copy_from_slice(&last[..n]);
+}
+
+/// The value of `(key, version)` with `len` bytes.
+pub fn value_for(key: &str, version: u64, len: usize) -> Vec<u8> {
+    let mut v = vec![0u8; len];
+    fill_pattern(seed_for(key, version), &mut v);
+    v
+}
+
+/// A small deterministic PRNG for tests and the crash child (xorshift64*).
+#[derive(Debug, Clone)]
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Self {
+        Rng(splitmix(seed) | 1)
+    }
+
+    pub fn next_u64(&mut self) -> u64 {
+        self.0 ^= self.0 >> 12;
+        self.0 ^= self.0 << 25;
+        self.0 ^= self.0 >> 27;
+        self.0.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `0..n` (n > 0).
+    pub fn below(&mut self, n: u64) -> u64 {
+        self.next_u64() % n.max(1)
+    }
+}
