@@ -1,0 +1,87 @@
+//! Shared helpers for the master's integration tests: a master on a manual clock, segments and
+//! one-call puts.
+#![allow(dead_code, clippy::unwrap_used)]
+
+use std::sync::Arc;
+
+use mooncake_common::{
+    ClientId, ManualClock, ObjectMeta, ReplicaDescriptor, ReplicaType, ReplicateConfig, Segment,
+    SegmentId,
+};
+use mooncake_master::{MasterService, MasterServiceConfig};
+
+pub const T0_MS: u64 = 1_000_000;
+pub const LEASE_MS: u64 = 10_000;
+pub const C1: ClientId = ClientId::new(1, 1);
+pub const C2: ClientId = ClientId::new(2, 2);
+
+pub fn master_with(config: MasterServiceConfig) -> (Arc<ManualClock>, MasterService) {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let master = MasterService::new(config, clock.clone()).unwrap();
+    (clock, master)
+}
+
+pub fn master() -> (Arc<ManualClock>, MasterService) {
+    master_with(MasterServiceConfig::default())
+}
+
+/// A multi-tenant master.
+pub fn mt_master() -> (Arc<ManualClock>, MasterService) {
+    master_with(MasterServiceConfig {
+        enable_multi_tenants: true,
+        ..Default::default()
+    })
+}
+
+/// Segment `id` named `name`, `size` bytes, at a base derived from the id.
+pub fn seg(id: u64, name: &str, size: u64) -> Segment {
+    Segment {
+        id: SegmentId::new(id, 0),
+        name: name.to_string(),
+        base: 0x1_0000_0000 * id,
+        size,
+        te_endpoint: format!("ep-{name}"),
+        protocol: "tcp".to_string(),
+        host_id: String::new(),
+    }
+}
+
+pub fn cfg(replicas: usize) -> ReplicateConfig {
+    ReplicateConfig::with_replicas(replicas)
+}
+
+/// PutStart + PutEnd with `replicas` replicas; returns the descriptors.
+pub fn put(
+    m: &MasterService,
+    client: ClientId,
+    key: &str,
+    size: u64,
+    replicas: usize,
+) -> Vec<ReplicaDescriptor> {
+    let d = m.put_start(client, key, size, &cfg(replicas), "").unwrap();
+    m.put_end(client, &ObjectMeta::new(key), ReplicaType::ALL, "")
+        .unwrap();
+    d
+}
+
+pub fn keys(names: &[&str]) -> Vec<String> {
+    names.iter().map(|s| s.to_string()).collect()
+}
+
+/// Panics with the report's problems if accounting is off.
+pub fn assert_accounting(m: &MasterService) {
+    let r = m.check_accounting();
+    assert!(
+        r.problems.is_empty(),
+        "accounting problems: {:#?}",
+        r.problems
+    );
+}
+
+/// Used bytes of segment `id` (None if unmounted or dead).
+pub fn used(m: &MasterService, id: u64) -> Option<u64> {
+    m.segment_usage()
+        .into_iter()
+        .find(|u| u.id == SegmentId::new(id, 0))
+        .and_then(|u| u.used_bytes)
+}
