@@ -92,7 +92,10 @@ fn quarantined_space_is_recycled_by_a_checkpoint_when_the_file_fills() {
     }
     assert_eq!(get(&b, "hot").unwrap(), last);
     let stats = b.stats();
-    assert!(stats.checkpoints >= 10, "space came back through checkpoints: {stats:?}");
+    assert!(
+        stats.checkpoints >= 10,
+        "space came back through checkpoints: {stats:?}"
+    );
     assert_eq!(b.usage().used_bytes, 512 << 10);
     b.abandon();
     let b = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
@@ -206,10 +209,14 @@ fn eviction_listener_runs_before_the_evicted_bytes_are_overwritten() {
             let mut buf = vec![0u8; v.len()];
             file.read_exact_at(&mut buf, offset + 4096).unwrap();
             if &buf != v {
-                p.lock().unwrap().push(format!("{k}: bytes reused before the listener ran"));
+                p.lock()
+                    .unwrap()
+                    .push(format!("{k}: bytes reused before the listener ran"));
             }
             if weak.upgrade().is_some_and(|b| b.exists(k)) {
-                p.lock().unwrap().push(format!("{k}: still indexed in the listener"));
+                p.lock()
+                    .unwrap()
+                    .push(format!("{k}: still indexed in the listener"));
             }
         }
         *s.lock().unwrap() += keys.len();
@@ -218,7 +225,11 @@ fn eviction_listener_runs_before_the_evicted_bytes_are_overwritten() {
         write(i);
     }
     assert!(*seen.lock().unwrap() >= 22, "evictions happened");
-    assert!(problems.lock().unwrap().is_empty(), "{:?}", problems.lock().unwrap());
+    assert!(
+        problems.lock().unwrap().is_empty(),
+        "{:?}",
+        problems.lock().unwrap()
+    );
 }
 
 #[test]
@@ -244,12 +255,18 @@ fn concurrent_overwrites_of_one_key_agree_with_recovery() {
         h.join().unwrap();
     }
     let winner = get(&b, "contended").unwrap();
-    let owns: Vec<Vec<u8>> = (0..4).map(|t| get(&b, &format!("own-{t}")).unwrap()).collect();
+    let owns: Vec<Vec<u8>> = (0..4)
+        .map(|t| get(&b, &format!("own-{t}")).unwrap())
+        .collect();
     assert_eq!(b.usage().object_count, 5);
     let b = Arc::try_unwrap(b).unwrap();
     b.abandon();
     let b = LogBackend::open_with(config(&dir.0, 64 << 20, false), tight()).unwrap();
-    assert_eq!(get(&b, "contended").unwrap(), winner, "recovery picks the same winner");
+    assert_eq!(
+        get(&b, "contended").unwrap(),
+        winner,
+        "recovery picks the same winner"
+    );
     for (t, v) in owns.iter().enumerate() {
         assert_eq!(&get(&b, &format!("own-{t}")).unwrap(), v);
     }
@@ -273,7 +290,11 @@ fn checkpoints_are_taken_periodically() {
     b.abandon();
     let b = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
     let report = b.recovery_report();
-    assert_eq!((report.from_checkpoint, report.from_scan), (3, 0), "{report:?}");
+    assert_eq!(
+        (report.from_checkpoint, report.from_scan),
+        (3, 0),
+        "{report:?}"
+    );
 }
 
 #[test]
@@ -312,7 +333,12 @@ fn durability_policies_all_round_trip_through_a_crash_image() {
         let b = LogBackend::open_with(cfg, tight()).unwrap();
         assert!(!b.exists("p0"), "{durability:?}");
         for i in 1..5 {
-            assert_eq!(get(&b, &keys[i]).unwrap(), vs[i], "{durability:?} {}", keys[i]);
+            assert_eq!(
+                get(&b, &keys[i]).unwrap(),
+                vs[i],
+                "{durability:?} {}",
+                keys[i]
+            );
         }
     }
 }

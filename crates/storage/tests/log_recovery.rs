@@ -6,9 +6,7 @@
 #![allow(clippy::unwrap_used)]
 
 use mooncake_storage::log::{LogBackend, LogOptions, CHECKPOINT_FILE, DATA_FILE};
-use mooncake_storage::{
-    BackendConfig, Durability, EvictionConfig, StorageBackend, StorageError,
-};
+use mooncake_storage::{BackendConfig, Durability, EvictionConfig, StorageBackend, StorageError};
 use std::collections::BTreeMap;
 use std::os::unix::fs::FileExt;
 use std::path::{Path, PathBuf};
@@ -132,7 +130,10 @@ fn clean_restart_finds_exactly_the_stored_objects() {
         assert!(b.remove("key-4").unwrap());
         model.remove("key-4");
         b.close().unwrap();
-        assert!(matches!(b.put_batch(&[("x", b"y")])[0], Err(StorageError::Closed)));
+        assert!(matches!(
+            b.put_batch(&[("x", b"y")])[0],
+            Err(StorageError::Closed)
+        ));
     }
     let b = open(&dir.0);
     let report = b.recovery_report().clone();
@@ -170,9 +171,15 @@ fn records_written_after_the_checkpoint_are_found_by_the_scan() {
     let b = open(&dir.0);
     let report = b.recovery_report().clone();
     assert!(report.checkpoint_loaded, "{report:?}");
-    assert_eq!(report.from_checkpoint, 3, "old-0, old-3, old-4 ({report:?})");
+    assert_eq!(
+        report.from_checkpoint, 3,
+        "old-0, old-3, old-4 ({report:?})"
+    );
     assert_eq!(report.from_scan, 6, "new-0..4 and old-1 ({report:?})");
-    assert_eq!(report.retired, 2, "old-1 replaced, old-2 removed ({report:?})");
+    assert_eq!(
+        report.retired, 2,
+        "old-1 replaced, old-2 removed ({report:?})"
+    );
     assert_eq!(report.dropped_corrupt, 0, "{report:?}");
     assert_holds_exactly(&b, &model, "stale checkpoint + newer records");
 }
@@ -494,7 +501,8 @@ fn random_crash_images_recover_exactly_the_intact_latest_records() {
                     .unwrap();
                 let mut byte = [0u8; 1];
                 f.read_exact_at(&mut byte, at).unwrap();
-                f.write_all_at(&[byte[0] ^ (1 << rng.below(8))], at).unwrap();
+                f.write_all_at(&[byte[0] ^ (1 << rng.below(8))], at)
+                    .unwrap();
                 expected.remove(&victim);
             }
             3 => {
@@ -515,9 +523,15 @@ fn random_crash_images_recover_exactly_the_intact_latest_records() {
         let lost = model.values.len() - expected.len();
         let reported = b.recovery_report().dropped_corrupt as usize;
         if exact_report {
-            assert_eq!(reported, lost, "{context}: every destroyed record is reported");
+            assert_eq!(
+                reported, lost,
+                "{context}: every destroyed record is reported"
+            );
         } else {
-            assert!(reported <= lost, "{context}: more drops reported than records lost");
+            assert!(
+                reported <= lost,
+                "{context}: more drops reported than records lost"
+            );
         }
         drop(b);
         // A second reopen (from the checkpoint recovery wrote) gives the same set.

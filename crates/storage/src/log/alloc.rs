@@ -151,7 +151,9 @@ impl OffsetAllocator {
             }
             if let Some(pe) = prev_end {
                 if s <= pe {
-                    return Err(format!("range {s}+{l} touches or overlaps previous end {pe}"));
+                    return Err(format!(
+                        "range {s}+{l} touches or overlaps previous end {pe}"
+                    ));
                 }
             }
             if !self.by_size.contains(&(l, s)) {
@@ -218,7 +220,10 @@ mod tests {
                     }
                     live.push((start, len));
                 } else {
-                    assert!(a.largest_free() < len, "refused {len} with a range that fits");
+                    assert!(
+                        a.largest_free() < len,
+                        "refused {len} with a range that fits"
+                    );
                 }
             } else {
                 let i = (rng.next() as usize) % live.len();
@@ -262,9 +267,27 @@ mod tests {
         let mut a = OffsetAllocator::new(10);
         let s = a.allocate(5).unwrap();
         a.free(s, 5).unwrap();
-        assert_eq!(a.free(s, 5), Err(RangeError::Overlap { start: s, blocks: 5 }));
-        assert_eq!(a.free(8, 5), Err(RangeError::OutOfRange { start: 8, blocks: 5 }));
-        assert_eq!(a.free(3, 0), Err(RangeError::OutOfRange { start: 3, blocks: 0 }));
+        assert_eq!(
+            a.free(s, 5),
+            Err(RangeError::Overlap {
+                start: s,
+                blocks: 5
+            })
+        );
+        assert_eq!(
+            a.free(8, 5),
+            Err(RangeError::OutOfRange {
+                start: 8,
+                blocks: 5
+            })
+        );
+        assert_eq!(
+            a.free(3, 0),
+            Err(RangeError::OutOfRange {
+                start: 3,
+                blocks: 0
+            })
+        );
         a.check().unwrap();
         assert_eq!(a.free_blocks(), 10);
     }
@@ -297,11 +320,17 @@ mod tests {
     fn rebuild_refuses_overlapping_or_out_of_range_live_ranges() {
         assert_eq!(
             OffsetAllocator::from_live(10, [(0, 5), (4, 2)]).unwrap_err(),
-            RangeError::Overlap { start: 4, blocks: 2 }
+            RangeError::Overlap {
+                start: 4,
+                blocks: 2
+            }
         );
         assert_eq!(
             OffsetAllocator::from_live(10, [(8, 3)]).unwrap_err(),
-            RangeError::OutOfRange { start: 8, blocks: 3 }
+            RangeError::OutOfRange {
+                start: 8,
+                blocks: 3
+            }
         );
         let full = OffsetAllocator::from_live(10, [(5, 5), (0, 5)]).unwrap();
         assert_eq!(full.free_blocks(), 0);

@@ -63,7 +63,9 @@ impl FileHeader {
     }
 
     pub fn decode(bytes: &[u8]) -> Result<FileHeader, &'static str> {
-        let b = bytes.get(..FILE_HEADER_BYTES).ok_or("file header truncated")?;
+        let b = bytes
+            .get(..FILE_HEADER_BYTES)
+            .ok_or("file header truncated")?;
         if b[0..8] != FILE_MAGIC {
             return Err("bad file magic");
         }
@@ -367,9 +369,16 @@ mod tests {
     /// file id 0x1122334455667788. The expected bytes were computed independently (a bitwise
     /// CRC-32C in a few lines of Python), not by this code.
     const EXAMPLE_HEADER_HEX: &str = concat!(
-        "4d434c52", "0100", "0100", "02000000", "00000000",
-        "0500000000000000", "0700000000000000", "8877665544332211",
-        "72e6317f", "a5401ea7",
+        "4d434c52",
+        "0100",
+        "0100",
+        "02000000",
+        "00000000",
+        "0500000000000000",
+        "0700000000000000",
+        "8877665544332211",
+        "72e6317f",
+        "a5401ea7",
     );
 
     fn hex(bytes: &[u8]) -> String {
@@ -389,9 +398,15 @@ mod tests {
         let data_crc = u32::from_le_bytes(record[40..44].try_into().unwrap());
         assert_eq!(data_crc, 0x7f31_e672, "CRC32C of b\"k1hello\"");
         assert_eq!(&record[48..50], b"k1");
-        assert!(record[50..4096].iter().all(|&b| b == 0), "key padding is zero");
+        assert!(
+            record[50..4096].iter().all(|&b| b == 0),
+            "key padding is zero"
+        );
         assert_eq!(&record[4096..4101], b"hello");
-        assert!(record[4101..].iter().all(|&b| b == 0), "value padding is zero");
+        assert!(
+            record[4101..].iter().all(|&b| b == 0),
+            "value padding is zero"
+        );
 
         let header = RecordHeader::decode(&record).unwrap();
         assert_eq!(
@@ -448,7 +463,11 @@ mod tests {
         let mut block = header.encode_block();
         assert_eq!(FileHeader::decode_block(&block), Ok(header));
         block[5] ^= 0xff;
-        assert_eq!(FileHeader::decode_block(&block), Ok(header), "second copy used");
+        assert_eq!(
+            FileHeader::decode_block(&block),
+            Ok(header),
+            "second copy used"
+        );
         block[FILE_HEADER_COPY_OFFSET + 20] ^= 0xff;
         assert!(FileHeader::decode_block(&block).is_err());
     }

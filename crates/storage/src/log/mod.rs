@@ -27,9 +27,8 @@ mod recovery;
 
 pub use alloc::{OffsetAllocator, RangeError};
 pub use format::{
-    data_crc, encode_record, head_blocks, record_blocks, value_blocks, Checkpoint,
-    CheckpointEntry, FileHeader, RecordHeader, BLOCK_BYTES, CHECKPOINT_FILE, DATA_FILE,
-    RECORD_HEADER_BYTES,
+    data_crc, encode_record, head_blocks, record_blocks, value_blocks, Checkpoint, CheckpointEntry,
+    FileHeader, RecordHeader, BLOCK_BYTES, CHECKPOINT_FILE, DATA_FILE, RECORD_HEADER_BYTES,
 };
 pub use recovery::{data_blocks_for, RecoveryReport};
 
@@ -205,7 +204,10 @@ impl LogBackend {
     }
 
     /// [`LogBackend::open`] with explicit options.
-    pub fn open_with(config: BackendConfig, options: LogOptions) -> Result<LogBackend, StorageError> {
+    pub fn open_with(
+        config: BackendConfig,
+        options: LogOptions,
+    ) -> Result<LogBackend, StorageError> {
         let opened = recovery::open(&config, &options)?;
         let index = Index::default();
         let mut used = 0u64;
@@ -325,7 +327,10 @@ impl LogBackend {
                 let mut allocator = self.allocator.lock();
                 for &(start, blocks) in &captured {
                     let freed = allocator.free(start, blocks);
-                    debug_assert!(freed.is_ok(), "quarantined range {start}+{blocks}: {freed:?}");
+                    debug_assert!(
+                        freed.is_ok(),
+                        "quarantined range {start}+{blocks}: {freed:?}"
+                    );
                 }
                 *last = Instant::now();
                 self.checkpoints.fetch_add(1, Ordering::Relaxed);
@@ -567,8 +572,10 @@ impl LogBackend {
             meta.push((seq, crc, at, len));
             at += len;
         }
-        let mut results: Vec<Result<(u64, u32), StorageError>> =
-            meta.iter().map(|&(seq, crc, _, _)| Ok((seq, crc))).collect();
+        let mut results: Vec<Result<(u64, u32), StorageError>> = meta
+            .iter()
+            .map(|&(seq, crc, _, _)| Ok((seq, crc)))
+            .collect();
         let always = self.config.durability == Durability::Always;
         let mut parts: Vec<&[u8]> = Vec::with_capacity(items.len() * 3);
         let mut run_start = 0usize;
@@ -589,7 +596,8 @@ impl LogBackend {
             if run_continues {
                 continue;
             }
-            let mut outcome = pwrite_all(&self.file, &parts, placed[run_start]).map_err(io("write"));
+            let mut outcome =
+                pwrite_all(&self.file, &parts, placed[run_start]).map_err(io("write"));
             if always && outcome.is_ok() {
                 outcome = self.file.sync_data().map_err(io("fdatasync"));
             }

@@ -218,7 +218,12 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
             Err(reason) => report.checkpoint_error = Some(reason.to_string()),
         },
         Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => return Err(StorageError::Io { op: "read", source: e }),
+        Err(e) => {
+            return Err(StorageError::Io {
+                op: "read",
+                source: e,
+            })
+        }
     }
     report.checkpoint_loaded = checkpoint.is_some();
 
@@ -372,7 +377,9 @@ impl Recoverer<'_> {
     fn drop_record(&mut self, key: &str, reason: &str) {
         self.report.dropped_corrupt += 1;
         if self.report.dropped.len() < MAX_REPORTED_DROPS {
-            self.report.dropped.push((key.to_owned(), reason.to_owned()));
+            self.report
+                .dropped
+                .push((key.to_owned(), reason.to_owned()));
         }
     }
 
@@ -414,7 +421,10 @@ impl Recoverer<'_> {
         }
         let key = String::from_utf8(key_bytes).map_err(|_| "key is not UTF-8".to_string())?;
         if let Some(e) = expect {
-            if e.key != key || e.seq != h.seq || e.value_len != h.value_len || e.data_crc != h.data_crc
+            if e.key != key
+                || e.seq != h.seq
+                || e.value_len != h.value_len
+                || e.data_crc != h.data_crc
             {
                 return Err("record does not match its checkpoint entry".into());
             }
@@ -530,7 +540,11 @@ impl Recoverer<'_> {
     /// The key of a record that failed verification, for the report (best effort).
     fn read_key_lossy(&self, offset: u64, key_len: u32) -> String {
         let mut key = vec![0u8; key_len.min(4096) as usize];
-        match read_up_to(self.file, &mut key, offset + format::RECORD_HEADER_BYTES as u64) {
+        match read_up_to(
+            self.file,
+            &mut key,
+            offset + format::RECORD_HEADER_BYTES as u64,
+        ) {
             Ok(n) => String::from_utf8_lossy(&key[..n]).into_owned(),
             Err(_) => String::new(),
         }
