@@ -1,5 +1,6 @@
 //! `mooncake bench …`: one module per benchmark family.
 
+pub mod pingpong;
 mod storage;
 mod transfer;
 
@@ -11,11 +12,39 @@ pub enum BenchCommand {
     Transfer(transfer::Args),
     /// SSD tier: MB/s and ops/s per backend and durability policy next to raw file throughput.
     Storage(storage::Args),
+    /// The TCP floor: sequential 32-byte round trips between two processes.
+    Pingpong {
+        /// Both sides spin on non-blocking sockets instead of blocking.
+        #[arg(long)]
+        spin: bool,
+        #[arg(long, default_value_t = 20_000)]
+        iterations: usize,
+    },
+    /// Child side of `pingpong` (started by the benchmarks themselves).
+    #[command(hide = true)]
+    PingpongServe {
+        #[arg(long)]
+        spin: bool,
+    },
 }
 
 pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Transfer(args) => transfer::run(args),
         BenchCommand::Storage(args) => storage::run(args),
+        BenchCommand::Pingpong { spin, iterations } => {
+            let latency = pingpong::measure(spin, iterations)?;
+            let mode = if spin { "spinning" } else { "blocking" };
+            println!(
+                "tcp ping-pong, {} bytes, {mode} reads, two processes",
+                pingpong::MESSAGE_BYTES
+            );
+            println!(
+                "ops {:>8}  ops/s {:>10.0}  p50 {:>7.1} us  p99 {:>7.1} us",
+                latency.ops, latency.ops_per_sec, latency.p50_us, latency.p99_us
+            );
+            Ok(())
+        }
+        BenchCommand::PingpongServe { spin } => pingpong::serve(spin),
     }
 }
