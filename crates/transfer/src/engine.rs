@@ -500,6 +500,7 @@ impl Inner {
         let mut tcp_groups: HashMap<PeerKey, Vec<Chunk>> = HashMap::new();
         for (index, request) in requests.iter().enumerate() {
             match self.plan(&state, index, request) {
+                Ok((_, chunks)) if chunks.is_empty() => state.finish_entry(index, Ok(())),
                 Ok((route, chunks)) => {
                     state.set_chunks(index, chunks.len());
                     for chunk in chunks {
