@@ -1,0 +1,442 @@
+//! Model-based property tests. Random sequences of mount / unmount / put-start / put-end /
+//! revoke / get / exist / remove / advance-clock / reaper steps run against the master and a small
+//! reference model; after every step the visible keys, every object's lease and every segment's
+//! `used` bytes must agree with the model, and the master's own accounting check (no overlapping
+//! buffers, used = Σ live buffers) must pass. A second property drives one allocator directly with
+//! random sizes.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+
+use common::*;
+use mooncake_common::{
+    ClientId, Clock, ErrorCode, ManualClock, ObjectMeta, ReplicaType, SegmentId,
+};
+use mooncake_master::allocator::{SegmentAllocator, SegmentInfo};
+use mooncake_master::MasterService;
+use proptest::prelude::*;
+
+const UNIT: u64 = 64;
+const SEGMENTS: u64 = 3;
+const SEG_UNITS: u64 = 6;
+const KEYS: usize = 6;
+const DISCARD_MS: u64 = 30_000;
+const RELEASE_MS: u64 = 600_000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Mount(u64),
+    Unmount(u64),
+    PutStart {
+        key: usize,
+        client: u64,
+        replicas: usize,
+        units: u64,
+    },
+    PutEnd {
+        key: usize,
+        client: u64,
+    },
+    Revoke {
+        key: usize,
+        client: u64,
+    },
+    Get(usize),
+    Exist(usize),
+    Remove {
+        key: usize,
+        force: bool,
+    },
+    Advance(u64),
+    Reap,
+    ReleaseDiscarded,
+}
+
+fn op(uniform: bool) -> impl Strategy<Value = Op> {
+    let units = if uniform {
+        Just(1u64).boxed()
+    } else {
+        (1u64..=3).boxed()
+    };
+    prop_oneof![
+        1 => (1..=SEGMENTS).prop_map(Op::Mount),
+        1 => (1..=SEGMENTS).prop_map(Op::Unmount),
+        6 => (0..KEYS, 1u64..=2, 1usize..=3, units)
+            .prop_map(|(key, client, replicas, units)| Op::PutStart { key, client, replicas, units }),
+        5 => (0..KEYS, 1u64..=2).prop_map(|(key, client)| Op::PutEnd { key, client }),
+        1 => (0..KEYS, 1u64..=2).prop_map(|(key, client)| Op::Revoke { key, client }),
+        3 => (0..KEYS).prop_map(Op::Get),
+        2 => (0..KEYS).prop_map(Op::Exist),
+        2 => (0..KEYS, any::<bool>()).prop_map(|(key, force)| Op::Remove { key, force }),
+        3 => prop_oneof![Just(1u64), Just(5_000), Just(10_000), Just(31_000), Just(600_000)]
+            .prop_map(Op::Advance),
+        1 => Just(Op::Reap),
+        1 => Just(Op::ReleaseDiscarded),
+    ]
+}
+
+#[derive(Debug, Clone)]
+struct ModelObject {
+    writer: u64,
+    size: u64,
+    complete: bool,
+    put_start_ms: u64,
+    lease_ms: u64,
+    /// Segment of each live replica.
+    segs: Vec<u64>,
+}
+
+#[derive(Debug, Default)]
+struct Model {
+    mounted: BTreeMap<u64, ()>,
+    objects: BTreeMap<usize, ModelObject>,
+    /// (segment, bytes, release_at)
+    discarded: Vec<(u64, u64, u64)>,
+}
+
+impl Model {
+    fn used(&self, seg: u64) -> u64 {
+        let live: u64 = self
+            .objects
+            .values()
+            .map(|o| o.segs.iter().filter(|&&s| s == seg).count() as u64 * o.size)
+            .sum();
+        let discarded: u64 = self
+            .discarded
+            .iter()
+            .filter(|d| d.0 == seg)
+            .map(|d| d.1)
+            .sum();
+        live + discarded
+    }
+
+    fn free(&self, seg: u64) -> u64 {
+        SEG_UNITS * UNIT - self.used(seg)
+    }
+}
+
+fn key(k: usize) -> String {
+    format!("key-{k}")
+}
+
+fn client(c: u64) -> ClientId {
+    ClientId::new(c, c)
+}
+
+fn segment(id: u64) -> mooncake_common::Segment {
+    seg(id, &format!("s{id}"), SEG_UNITS * UNIT)
+}
+
+fn seg_of_endpoint(endpoint: &str) -> u64 {
+    endpoint.trim_start_matches("ep-s").parse().unwrap()
+}
+
+fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, uniform: bool) {
+    let now = clock.now_ms();
+    match *op {
+        Op::Mount(id) => {
+            assert_eq!(m.mount_segment(&segment(id), client(1)), Ok(()));
+            model.mounted.insert(id, ());
+        }
+        Op::Unmount(id) => {
+            assert_eq!(m.unmount_segment(SegmentId::new(id, 0), client(1)), Ok(()));
+            model.mounted.remove(&id);
+            for o in model.objects.values_mut() {
+                o.segs.retain(|&s| s != id);
+            }
+            model.objects.retain(|_, o| !o.segs.is_empty());
+            model.discarded.retain(|d| d.0 != id);
+        }
+        Op::PutStart {
+            key: k,
+            client: c,
+            replicas,
+            units,
+        } => {
+            let size = units * UNIT;
+            let got = m.put_start(client(c), &key(k), size, &cfg(replicas), "");
+            if let Some(o) = model.objects.get(&k) {
+                if o.complete || o.put_start_ms + DISCARD_MS >= now {
+                    assert_eq!(got, Err(ErrorCode::OBJECT_ALREADY_EXISTS), "{op:?}");
+                    return;
+                }
+                let o = model.objects.remove(&k).unwrap();
+                for s in o.segs {
+                    model
+                        .discarded
+                        .push((s, o.size, o.put_start_ms + RELEASE_MS));
+                }
+            }
+            let fits: Vec<u64> = model
+                .mounted
+                .keys()
+                .copied()
+                .filter(|&s| model.free(s) >= size)
+                .collect();
+            match got {
+                Ok(descs) => {
+                    let segs: Vec<u64> = descs
+                        .iter()
+                        .map(|d| seg_of_endpoint(&d.memory().unwrap().transport_endpoint))
+                        .collect();
+                    let mut distinct = segs.clone();
+                    distinct.sort_unstable();
+                    distinct.dedup();
+                    assert_eq!(distinct.len(), segs.len(), "replicas on distinct names");
+                    assert!(!segs.is_empty() && segs.len() <= replicas);
+                    for s in &segs {
+                        assert!(model.mounted.contains_key(s), "allocated on unmounted {s}");
+                        assert!(model.free(*s) >= size, "allocated beyond capacity on {s}");
+                    }
+                    if uniform {
+                        assert_eq!(segs.len(), replicas.min(fits.len()), "best effort count");
+                    }
+                    model.objects.insert(
+                        k,
+                        ModelObject {
+                            writer: c,
+                            size,
+                            complete: false,
+                            put_start_ms: now,
+                            lease_ms: 0,
+                            segs,
+                        },
+                    );
+                }
+                Err(code) => {
+                    assert_eq!(code, ErrorCode::NO_AVAILABLE_HANDLE, "{op:?}");
+                    if uniform {
+                        assert!(fits.is_empty(), "failed although {fits:?} had room");
+                    }
+                }
+            }
+        }
+        Op::PutEnd { key: k, client: c } => {
+            let got = m.put_end(client(c), &ObjectMeta::new(key(k)), ReplicaType::ALL, "");
+            let expected = match model.objects.get_mut(&k) {
+                None => Err(ErrorCode::OBJECT_NOT_FOUND),
+                Some(o) if o.writer != c => Err(ErrorCode::ILLEGAL_CLIENT),
+                Some(o) => {
+                    if !o.complete {
+                        o.complete = true;
+                        o.lease_ms = o.lease_ms.max(now);
+                    }
+                    Ok(())
+                }
+            };
+            assert_eq!(got, expected, "{op:?}");
+        }
+        Op::Revoke { key: k, client: c } => {
+            let got = m.put_revoke(client(c), &key(k), ReplicaType::ALL, "");
+            let expected = match model.objects.get(&k) {
+                None => Err(ErrorCode::OBJECT_NOT_FOUND),
+                Some(o) if o.writer != c => Err(ErrorCode::ILLEGAL_CLIENT),
+                Some(o) if o.complete => Err(ErrorCode::INVALID_WRITE),
+                Some(_) => {
+                    model.objects.remove(&k);
+                    Ok(())
+                }
+            };
+            assert_eq!(got, expected, "{op:?}");
+        }
+        Op::Get(k) => {
+            let got = m.get_replica_list(&key(k), "");
+            match model.objects.get_mut(&k) {
+                None => assert_eq!(got, Err(ErrorCode::OBJECT_NOT_FOUND)),
+                Some(o) if !o.complete => assert_eq!(got, Err(ErrorCode::REPLICA_IS_NOT_READY)),
+                Some(o) => {
+                    let resp = got.unwrap();
+                    let mut segs: Vec<u64> = resp
+                        .replicas
+                        .iter()
+                        .map(|d| seg_of_endpoint(&d.memory().unwrap().transport_endpoint))
+                        .collect();
+                    segs.sort_unstable();
+                    let mut want = o.segs.clone();
+                    want.sort_unstable();
+                    assert_eq!(segs, want, "{op:?}");
+                    assert_eq!(resp.lease_ttl_ms, LEASE_MS);
+                    o.lease_ms = o.lease_ms.max(now + LEASE_MS);
+                }
+            }
+        }
+        Op::Exist(k) => {
+            let got = m.exist_key(&key(k), "").unwrap();
+            let want = model.objects.get_mut(&k).is_some_and(|o| {
+                if o.complete {
+                    o.lease_ms = o.lease_ms.max(now + LEASE_MS);
+                }
+                o.complete
+            });
+            assert_eq!(got, want, "{op:?}");
+        }
+        Op::Remove { key: k, force } => {
+            let got = m.remove(&key(k), force, "");
+            let expected = match model.objects.get(&k) {
+                None => Err(ErrorCode::OBJECT_NOT_FOUND),
+                Some(o) if !force && now < o.lease_ms => Err(ErrorCode::OBJECT_HAS_LEASE),
+                Some(o) if !o.complete => Err(ErrorCode::REPLICA_IS_NOT_READY),
+                Some(_) => {
+                    model.objects.remove(&k);
+                    Ok(())
+                }
+            };
+            assert_eq!(got, expected, "{op:?}");
+        }
+        Op::Advance(ms) => {
+            clock.advance(ms);
+        }
+        Op::Reap => {
+            let report = m.run_put_timeouts_once();
+            let stale: Vec<usize> = model
+                .objects
+                .iter()
+                .filter(|(_, o)| !o.complete && o.put_start_ms + RELEASE_MS <= now)
+                .map(|(k, _)| *k)
+                .collect();
+            assert_eq!(report.reaped_puts, stale.len(), "{op:?}");
+            for k in stale {
+                model.objects.remove(&k);
+            }
+            model.discarded.retain(|d| d.2 > now);
+        }
+        Op::ReleaseDiscarded => {
+            let before = model.discarded.len();
+            model.discarded.retain(|d| d.2 > now);
+            assert_eq!(m.release_discarded_once(), before - model.discarded.len());
+        }
+    }
+}
+
+fn compare(m: &MasterService, model: &Model, history: &[Op]) {
+    let visible: Vec<String> = model
+        .objects
+        .iter()
+        .filter(|(_, o)| o.complete)
+        .map(|(k, _)| key(*k))
+        .collect();
+    assert_eq!(
+        m.get_all_keys("").unwrap(),
+        visible,
+        "visible keys after {history:?}"
+    );
+    assert_eq!(
+        m.object_count(),
+        model.objects.len(),
+        "object count after {history:?}"
+    );
+    for (k, o) in &model.objects {
+        let info = m.object_info(&key(*k), "").unwrap().unwrap();
+        assert_eq!(
+            info.lease_timeout_ms,
+            o.lease_ms,
+            "lease of {} after {history:?}",
+            key(*k)
+        );
+        assert_eq!(info.processing, !o.complete);
+    }
+    for u in m.segment_usage() {
+        let id = u.id.0.first;
+        assert_eq!(
+            u.used_bytes,
+            Some(model.used(id)),
+            "used of segment {id} after {history:?}"
+        );
+    }
+    assert_eq!(m.segment_usage().len(), model.mounted.len());
+    let report = m.check_accounting();
+    assert!(
+        report.problems.is_empty(),
+        "{:?} after {history:?}",
+        report.problems
+    );
+}
+
+fn run(ops: &[Op], uniform: bool) {
+    let clock = Arc::new(ManualClock::new(T0_MS));
+    let m = MasterService::new(Default::default(), clock.clone()).unwrap();
+    let mut model = Model::default();
+    for i in 1..=SEGMENTS {
+        step(&m, &clock, &mut model, &Op::Mount(i), uniform);
+    }
+    for (i, op) in ops.iter().enumerate() {
+        step(&m, &clock, &mut model, op, uniform);
+        compare(&m, &model, &ops[..=i]);
+    }
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 96, ..ProptestConfig::default() })]
+
+    #[test]
+    fn master_agrees_with_the_model_uniform_sizes(ops in prop::collection::vec(op(true), 1..60)) {
+        run(&ops, true);
+    }
+
+    #[test]
+    fn master_agrees_with_the_model_mixed_sizes(ops in prop::collection::vec(op(false), 1..60)) {
+        run(&ops, false);
+    }
+
+    /// One allocator under random allocate / free / rebuild: `used` is exact, free ranges are
+    /// coalesced, nothing overlaps, and an allocation fails only when no free range fits.
+    #[test]
+    fn allocator_is_exact_and_fails_only_when_nothing_fits(
+        ops in prop::collection::vec((0u8..4, 1u64..600), 1..200)
+    ) {
+        const CAP: u64 = 4096;
+        let info = SegmentInfo {
+            segment_id: SegmentId::new(1, 1),
+            name: Arc::from("s"),
+            endpoint: Arc::from("e"),
+            protocol: Arc::from("tcp"),
+            base: 1 << 20,
+            capacity: CAP,
+        };
+        let mut alloc = SegmentAllocator::new(info.clone());
+        let mut live = Vec::new();
+        for (kind, n) in ops {
+            match kind {
+                0 | 1 => {
+                    let largest = alloc.free_ranges().iter().map(|r| r.1).max().unwrap_or(0);
+                    match alloc.allocate(n) {
+                        Some(h) => live.push(h),
+                        None => prop_assert!(largest < n, "refused {n} with a {largest} hole"),
+                    }
+                }
+                2 if !live.is_empty() => {
+                    let i = (n as usize) % live.len();
+                    live.swap_remove(i);
+                }
+                _ => {
+                    // Rebuild from the live ranges, as snapshot restore would.
+                    let ranges: Vec<(u64, u64)> = live.iter().map(|h| (h.offset(), h.len())).collect();
+                    let (fresh, handles) = SegmentAllocator::rebuild(info.clone(), &ranges).unwrap();
+                    let old_free = alloc.free_ranges();
+                    drop(std::mem::replace(&mut live, handles));
+                    drop(std::mem::replace(&mut alloc, fresh));
+                    prop_assert_eq!(alloc.free_ranges(), old_free);
+                }
+            }
+            let sum: u64 = live.iter().map(|h| h.len()).sum();
+            prop_assert_eq!(alloc.used_bytes(), sum);
+            prop_assert_eq!(alloc.live_buffers(), live.len() as u64);
+            let free = alloc.free_ranges();
+            for w in free.windows(2) {
+                prop_assert!(w[0].0 + w[0].1 < w[1].0, "free ranges not coalesced: {:?}", w);
+            }
+            let mut all: Vec<(u64, u64)> = live.iter().map(|h| (h.offset(), h.len())).collect();
+            all.extend(free);
+            all.sort_unstable();
+            let mut end = 0;
+            for (o, l) in all {
+                prop_assert!(o == end, "gap or overlap at {}", o);
+                end = o + l;
+            }
+            prop_assert_eq!(end, CAP);
+        }
+    }
+}
