@@ -107,10 +107,7 @@ pub fn open_backend(
 ) -> Result<Box<dyn StorageBackend>, StorageError> {
     match kind {
         BackendKind::File => Ok(Box::new(FileBackend::open(config)?)),
-        BackendKind::Bucket => {
-            BucketBackend::open(config)?;
-            Err(StorageError::Closed)
-        }
+        BackendKind::Bucket => Ok(Box::new(BucketBackend::open(config)?)),
         BackendKind::Log => Ok(Box::new(log::LogBackend::open(config)?)),
     }
 }
