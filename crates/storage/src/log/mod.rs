@@ -708,10 +708,12 @@ impl StorageBackend for LogBackend {
         let protected: HashSet<&str> = items.iter().map(|i| i.key).collect();
 
         let mut round = 0;
+        let mut evicted_any = false;
         while !items.is_empty() {
             round += 1;
             let gate = self.gate.read_recursive();
             let (admitted, evicted) = self.admit(items, &protected, &mut results);
+            evicted_any |= !evicted.is_empty();
             // Listeners hear of evictions before the space can be reused: that needs a
             // checkpoint, which waits for `gate`.
             self.notify_evicted(&evicted);
@@ -737,6 +739,7 @@ impl StorageBackend for LogBackend {
                         self.evict_until(&protected, |_, freed| quarantined + freed >= missing);
                 }
                 self.notify_evicted(&evicted);
+                evicted_any |= !evicted.is_empty();
                 let progress = quarantined > 0 || !evicted.is_empty();
                 if progress {
                     self.release_unwritten(&items, &placed);
@@ -825,6 +828,14 @@ impl StorageBackend for LogBackend {
             }
             drop(gate);
             break;
+        }
+        if evicted_any
+            && self.config.durability != Durability::None
+            && !results.iter().any(|r| matches!(r, Some(Ok(()))))
+        {
+            // Nothing was written (so nothing synced), but evictions were reported: make their
+            // zeroed headers durable anyway. Best effort: the puts already failed.
+            let _ = self.file.sync_data();
         }
         self.maybe_checkpoint();
         results
