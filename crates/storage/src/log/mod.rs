@@ -363,10 +363,15 @@ impl LogBackend {
     }
 
     fn maybe_checkpoint(&self) {
-        let due = self.checkpoint_lock.lock().elapsed()
-            >= Duration::from_millis(self.options.checkpoint_interval_ms)
+        // A checkpoint already running holds the lock: then none is due, and the caller must
+        // not wait for it.
+        let Some(last) = self.checkpoint_lock.try_lock() else {
+            return;
+        };
+        let due = last.elapsed() >= Duration::from_millis(self.options.checkpoint_interval_ms)
             || self.quarantine_blocks.load(Ordering::Relaxed) as f64
                 > self.data_blocks as f64 * self.options.checkpoint_quarantine_ratio;
+        drop(last);
         if due {
             // A failure keeps the quarantine for the next attempt; the puts already succeeded.
             let _ = self.checkpoint();
