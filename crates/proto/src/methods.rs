@@ -124,7 +124,7 @@ methods! {
     21 RemoveAll { force: bool, tenant: String } -> i64,
         limits(s, l) { Ok(()) };
     /// Drops the replicas of `keys` on `segment_name` held by `client`; returns the cleared keys.
-    22 BatchReplicaClear { keys: Vec<String>, client: ClientId, segment_name: String } -> Vec<String>,
+    22 BatchReplicaClear { keys: Vec<String>, client: ClientId, segment_name: String, tenant: String } -> Vec<String>,
         limits(s, l) { check_keys(&s.keys, l) };
     23 MountSegment { segment: Segment, client: ClientId } -> (),
         limits(s, l) { Ok(()) };
@@ -154,11 +154,14 @@ methods! {
 /// One mounted segment as `GetSegmentsDetail` reports it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct SegmentDetail {
-    pub segment: Segment,
+    pub id: SegmentId,
+    pub name: String,
     pub client: ClientId,
     pub status: SegmentStatus,
-    pub used_bytes: u64,
+    pub base: u64,
     pub capacity_bytes: u64,
+    /// `None` while the segment is being unmounted (its allocator is gone).
+    pub used_bytes: Option<u64>,
 }
 
 #[cfg(test)]

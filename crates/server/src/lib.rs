@@ -6,6 +6,10 @@
 //! a lock across an `.await`.
 
 pub mod config;
+pub mod http;
 pub mod metrics;
+pub mod process;
+pub mod service;
 
 pub use config::{ConfigError, MasterConfig, ResolvedConfig};
+pub use process::{run_until_signal, RunningMaster, StartError};

@@ -1,0 +1,482 @@
+//! The HTTP admin and metrics endpoints (spec/master.md §13) on the metrics port, and the optional
+//! `/metadata?key=` store on its own port.
+//!
+//! Error bodies are `{"success":false,"error_code":<int>,"error_message":<name>}` with upstream's
+//! status mapping. Unlike upstream, `/query_key` does not grant a lease: an admin looking at a key
+//! must not block its removal for ten seconds.
+
+use axum::body::Bytes;
+use axum::extract::{Query, State};
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::Router;
+use mooncake_common::{
+    format_size, ErrorCode, ReplicaDescriptor, ReplicaKind, ReplicaStatus, SegmentStatus,
+};
+use mooncake_master::MasterService;
+use parking_lot::RwLock;
+use serde_json::{json, Value};
+use std::collections::HashMap;
+use std::fmt::Write as _;
+use std::sync::Arc;
+
+use crate::metrics::{gauge, RpcMetrics};
+
+/// What the admin endpoints read.
+#[derive(Debug, Clone)]
+pub struct AdminState {
+    pub master: Arc<MasterService>,
+    pub metrics: Arc<RpcMetrics>,
+    pub rpc_stats: Option<Arc<mooncake_rpc::ServerStats>>,
+    pub cluster_id: String,
+}
+
+/// Upstream's status mapping for error bodies.
+pub fn http_status(code: ErrorCode) -> StatusCode {
+    let name = code.name();
+    if code == ErrorCode::INVALID_PARAMS {
+        StatusCode::BAD_REQUEST
+    } else if name.ends_with("_NOT_FOUND") || code == ErrorCode::TENANT_NOT_REGISTERED {
+        StatusCode::NOT_FOUND
+    } else if name.starts_with("UNAVAILABLE_") || code == ErrorCode::TENANT_NOT_EMPTY {
+        StatusCode::CONFLICT
+    } else {
+        StatusCode::INTERNAL_SERVER_ERROR
+    }
+}
+
+fn error_response(code: ErrorCode, message: Option<&str>) -> Response {
+    let body = json!({
+        "success": false,
+        "error_code": code.as_i32(),
+        "error_message": message.unwrap_or(code.name()),
+    });
+    (http_status(code), axum::Json(body)).into_response()
+}
+
+fn text(body: String) -> Response {
+    ([("content-type", "text/plain; charset=utf-8")], body).into_response()
+}
+
+/// The admin router.
+pub fn admin_router(state: AdminState) -> Router {
+    Router::new()
+        .route("/metrics", get(metrics))
+        .route("/metrics/summary", get(summary))
+        .route("/health", get(health))
+        .route("/role", get(|| async { "leader" }))
+        .route("/ha_status", get(|| async { "serving" }))
+        .route(
+            "/leader",
+            get(|| async {
+                axum::Json(json!({"present": false, "leader_address": null, "view_version": null}))
+            }),
+        )
+        .route("/query_key", get(query_key))
+        .route("/batch_query_keys", get(batch_query_keys))
+        .route("/get_all_keys", get(get_all_keys))
+        .route("/get_all_segments", get(get_all_segments))
+        .route("/get_segments_detail", get(get_segments_detail))
+        .route("/query_segment", get(query_segment))
+        .route("/api/v1/segments/status", get(segment_status))
+        .route("/api/v1/remove_all", post(remove_all))
+        .route(
+            "/api/v1/tenant_quotas",
+            get(tenant_quotas).put(tenant_quotas).delete(tenant_quotas),
+        )
+        .with_state(state)
+}
+
+async fn metrics(State(state): State<AdminState>) -> Response {
+    let master = &state.master;
+    let usage = master.segment_usage();
+    let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
+    let mut clients: Vec<_> = usage.iter().map(|u| u.client).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    let mut out = String::with_capacity(16 << 10);
+    gauge(
+        &mut out,
+        "master_allocated_bytes",
+        "Total memory bytes currently allocated across all segments",
+        allocated as f64,
+    );
+    gauge(
+        &mut out,
+        "master_total_capacity_bytes",
+        "Total memory capacity across all mounted segments",
+        master.total_capacity_bytes() as f64,
+    );
+    gauge(
+        &mut out,
+        "master_key_count",
+        "Total number of keys managed by the master",
+        master.object_count() as f64,
+    );
+    gauge(
+        &mut out,
+        "master_active_clients",
+        "Total number of clients with mounted segments",
+        clients.len() as f64,
+    );
+    gauge(
+        &mut out,
+        "master_mounted_segments",
+        "Number of mounted segments",
+        usage.len() as f64,
+    );
+    let _ = writeln!(out, "# HELP segment_allocated_bytes Total memory bytes currently allocated of the segment\n# TYPE segment_allocated_bytes gauge");
+    for u in &usage {
+        let _ = writeln!(
+            out,
+            "segment_allocated_bytes{{segment=\"{}\"}} {}",
+            escape_label(&u.name),
+            u.used_bytes.unwrap_or(0)
+        );
+    }
+    let _ = writeln!(out, "# HELP segment_total_capacity_bytes Total memory capacity of the mounted segment\n# TYPE segment_total_capacity_bytes gauge");
+    for u in &usage {
+        let _ = writeln!(
+            out,
+            "segment_total_capacity_bytes{{segment=\"{}\"}} {}",
+            escape_label(&u.name),
+            u.capacity_bytes
+        );
+    }
+    state.metrics.render(&mut out);
+    if let Some(stats) = &state.rpc_stats {
+        use std::sync::atomic::Ordering::Relaxed;
+        gauge(
+            &mut out,
+            "master_rpc_connections_open",
+            "RPC connections open now",
+            stats.connections_open.load(Relaxed) as f64,
+        );
+        crate::metrics::counter(
+            &mut out,
+            "master_rpc_connections_refused_total",
+            "RPC connections refused at the connection limit",
+            stats.connections_refused.load(Relaxed),
+        );
+        crate::metrics::counter(
+            &mut out,
+            "master_rpc_frame_errors_total",
+            "Malformed frames received",
+            stats.frame_errors.load(Relaxed),
+        );
+    }
+    ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+fn escape_label(value: &str) -> String {
+    value
+        .replace('\\', "\\\\")
+        .replace('"', "\\\"")
+        .replace('\n', "\\n")
+}
+
+async fn summary(State(state): State<AdminState>) -> Response {
+    let master = &state.master;
+    let usage = master.segment_usage();
+    let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
+    let capacity = master.total_capacity_bytes();
+    let percent = if capacity == 0 {
+        0.0
+    } else {
+        allocated as f64 * 100.0 / capacity as f64
+    };
+    text(format!(
+        "role=leader, state=serving, service_ready=true, master={{Mem Storage: {} / {} ({percent:.1}%) | Keys: {} | Segments: {}}}\n",
+        format_size(allocated),
+        format_size(capacity),
+        master.object_count(),
+        usage.len(),
+    ))
+}
+
+async fn health(State(state): State<AdminState>) -> Response {
+    axum::Json(json!({
+        "status": "ok",
+        "role": "leader",
+        "ha_state": "serving",
+        "service_ready": true,
+        "leader_address": null,
+        "view_version": null,
+        "cluster_id": state.cluster_id,
+    }))
+    .into_response()
+}
+
+fn memory_values(replicas: &[ReplicaDescriptor]) -> Vec<Value> {
+    replicas
+        .iter()
+        .filter(|r| r.status == ReplicaStatus::COMPLETE)
+        .filter_map(|r| match &r.kind {
+            ReplicaKind::Memory(m) => Some(json!({
+                "size_": m.size,
+                "buffer_address_": m.buffer_address,
+                "protocol_": &*m.protocol,
+                "transport_endpoint_": &*m.transport_endpoint,
+            })),
+            _ => None,
+        })
+        .collect()
+}
+
+/// The readable memory replicas of `key` without granting a lease.
+fn lookup(master: &MasterService, key: &str) -> Result<Vec<Value>, ErrorCode> {
+    let replicas = master.all_replica_descriptors(key, "")?;
+    let values = memory_values(&replicas);
+    if values.is_empty() {
+        // Present but not readable (still being written): as GetReplicaList would say.
+        return Err(ErrorCode::REPLICA_IS_NOT_READY);
+    }
+    Ok(values)
+}
+
+async fn query_key(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(key) = q.get("key").filter(|k| !k.is_empty()) else {
+        return error_response(ErrorCode::INVALID_PARAMS, Some("missing key"));
+    };
+    match lookup(&state.master, key) {
+        Ok(values) => axum::Json(json!({"success": true, "data": values})).into_response(),
+        Err(code) => error_response(code, None),
+    }
+}
+
+async fn batch_query_keys(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(keys) = q.get("keys").filter(|k| !k.is_empty()) else {
+        return error_response(ErrorCode::INVALID_PARAMS, Some("missing keys"));
+    };
+    let mut data = serde_json::Map::new();
+    for key in keys
+        .split(',')
+        .filter(|k| !k.is_empty())
+        .take(mooncake_proto::limits::DEFAULT_MAX_BATCH_LEN)
+    {
+        let entry = match lookup(&state.master, key) {
+            Ok(values) => json!({"ok": true, "error": null, "values": values}),
+            Err(code) => json!({"ok": false, "error": code.name(), "values": null}),
+        };
+        data.insert(key.to_string(), entry);
+    }
+    axum::Json(json!({"success": true, "data": data})).into_response()
+}
+
+async fn get_all_keys(State(state): State<AdminState>) -> Response {
+    match state.master.get_all_keys("") {
+        Ok(keys) => {
+            let mut body = String::new();
+            for key in keys {
+                body.push_str(&key);
+                body.push('\n');
+            }
+            text(body)
+        }
+        Err(code) => error_response(code, None),
+    }
+}
+
+async fn get_all_segments(State(state): State<AdminState>) -> Response {
+    let mut names: Vec<String> = state
+        .master
+        .segment_usage()
+        .into_iter()
+        .filter(|u| u.status == SegmentStatus::OK)
+        .map(|u| u.name)
+        .collect();
+    names.sort();
+    names.dedup();
+    let mut body = String::new();
+    for name in names {
+        body.push_str(&name);
+        body.push('\n');
+    }
+    text(body)
+}
+
+async fn get_segments_detail(State(state): State<AdminState>) -> Response {
+    let usage = state.master.segment_usage();
+    let segments: Vec<Value> = usage
+        .iter()
+        .map(|u| {
+            let used = u.used_bytes.unwrap_or(0);
+            let percent = if u.capacity_bytes == 0 {
+                0.0
+            } else {
+                used as f64 * 100.0 / u.capacity_bytes as f64
+            };
+            json!({
+                "segment_name": u.name,
+                "segment_id": u.id.to_string(),
+                "client_id": u.client.to_string(),
+                "base_address": format!("{:#x}", u.base),
+                "size_bytes": u.capacity_bytes,
+                "size_human": format_size(u.capacity_bytes),
+                "status": format!("{:?}", u.status),
+                "allocator_used_bytes": used,
+                "allocator_capacity_bytes": u.capacity_bytes,
+                "allocator_usage_percent": percent,
+                "live_buffers": u.live_buffers,
+            })
+        })
+        .collect();
+    axum::Json(json!({"total_segments": segments.len(), "segments": segments})).into_response()
+}
+
+async fn query_segment(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(name) = q.get("segment").filter(|k| !k.is_empty()) else {
+        return error_response(ErrorCode::INVALID_PARAMS, Some("missing segment"));
+    };
+    let matching: Vec<_> = state
+        .master
+        .segment_usage()
+        .into_iter()
+        .filter(|u| &u.name == name)
+        .collect();
+    if matching.is_empty() {
+        return error_response(ErrorCode::SEGMENT_NOT_FOUND, None);
+    }
+    let used: u64 = matching.iter().filter_map(|u| u.used_bytes).sum();
+    let capacity: u64 = matching.iter().map(|u| u.capacity_bytes).sum();
+    text(format!(
+        "Used(bytes): {used}\nCapacity(bytes): {capacity}\n"
+    ))
+}
+
+async fn segment_status(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(name) = q.get("segment").filter(|k| !k.is_empty()) else {
+        return error_response(ErrorCode::INVALID_PARAMS, Some("missing segment"));
+    };
+    match state.master.query_segment_status(name) {
+        Ok(status) => axum::Json(json!({
+            "success": true,
+            "segment": name,
+            "status": status.as_number(),
+            "status_name": format!("{status:?}"),
+            "error_code": 0,
+            "error_message": "",
+        }))
+        .into_response(),
+        Err(code) => error_response(code, None),
+    }
+}
+
+async fn remove_all(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let force = match q.get("force").map(String::as_str) {
+        None | Some("") | Some("false") | Some("0") => false,
+        Some("true") | Some("1") => true,
+        Some(_) => {
+            return error_response(
+                ErrorCode::INVALID_PARAMS,
+                Some("force must be true or false"),
+            )
+        }
+    };
+    let tenant = q.get("tenant_id").cloned().unwrap_or_default();
+    let removed = state.master.remove_all(force, &tenant);
+    axum::Json(json!({"success": true, "removed_count": removed})).into_response()
+}
+
+async fn tenant_quotas(State(state): State<AdminState>) -> Response {
+    if !state.master.config().enable_multi_tenants {
+        return error_response(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE, None);
+    }
+    // Tenant quotas belong to "Master core II"; until it lands the endpoint says so plainly.
+    error_response(
+        ErrorCode::NOT_SUPPORTED,
+        Some("tenant quotas are not implemented yet"),
+    )
+}
+
+/// Upstream's HTTP metadata store: an in-memory key → bytes map for tools that expect it.
+#[derive(Debug, Clone, Default)]
+pub struct MetadataStore {
+    entries: Arc<RwLock<HashMap<String, Bytes>>>,
+}
+
+/// Largest value the metadata store accepts.
+pub const MAX_METADATA_VALUE_BYTES: usize = 1 << 20;
+/// Most keys the metadata store holds.
+pub const MAX_METADATA_KEYS: usize = 100_000;
+
+/// The metadata router: GET/PUT/DELETE `/metadata?key=`, GET `/health`.
+pub fn metadata_router(store: MetadataStore) -> Router {
+    Router::new()
+        .route(
+            "/metadata",
+            get(metadata_get).put(metadata_put).delete(metadata_delete),
+        )
+        .route("/health", get(|| async { "OK" }))
+        .layer(axum::extract::DefaultBodyLimit::max(
+            MAX_METADATA_VALUE_BYTES,
+        ))
+        .with_state(store)
+}
+
+fn metadata_key(q: &HashMap<String, String>) -> Result<&String, Response> {
+    q.get("key")
+        .filter(|k| !k.is_empty())
+        .ok_or_else(|| (StatusCode::BAD_REQUEST, "missing key").into_response())
+}
+
+async fn metadata_get(
+    State(store): State<MetadataStore>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let key = match metadata_key(&q) {
+        Ok(key) => key,
+        Err(response) => return response,
+    };
+    match store.entries.read().get(key) {
+        Some(value) => value.clone().into_response(),
+        None => (StatusCode::NOT_FOUND, "metadata not found").into_response(),
+    }
+}
+
+async fn metadata_put(
+    State(store): State<MetadataStore>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    let key = match metadata_key(&q) {
+        Ok(key) => key,
+        Err(response) => return response,
+    };
+    let mut entries = store.entries.write();
+    if entries.len() >= MAX_METADATA_KEYS && !entries.contains_key(key) {
+        return (StatusCode::INSUFFICIENT_STORAGE, "metadata store full").into_response();
+    }
+    entries.insert(key.clone(), body);
+    (StatusCode::OK, "metadata updated").into_response()
+}
+
+async fn metadata_delete(
+    State(store): State<MetadataStore>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let key = match metadata_key(&q) {
+        Ok(key) => key,
+        Err(response) => return response,
+    };
+    match store.entries.write().remove(key) {
+        Some(_) => (StatusCode::OK, "metadata deleted").into_response(),
+        None => (StatusCode::NOT_FOUND, "metadata not found").into_response(),
+    }
+}

@@ -1,0 +1,305 @@
+//! Starting and stopping a whole master: the core, the RPC server, the HTTP endpoints and the
+//! background workers, all on one tokio runtime.
+
+use mooncake_common::SystemClock;
+use mooncake_master::{AllocationStrategy, MasterService, MasterServiceConfig};
+use mooncake_proto::Limits;
+use mooncake_rpc::{RpcServer, ServerConfig};
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+use thiserror::Error;
+use tokio::sync::watch;
+use tokio::task::JoinSet;
+
+use crate::config::{MasterConfig, ResolvedConfig};
+use crate::http::{admin_router, metadata_router, AdminState, MetadataStore};
+use crate::metrics::RpcMetrics;
+use crate::service::MasterRpc;
+
+/// Why a master could not start.
+#[derive(Debug, Error)]
+pub enum StartError {
+    #[error("invalid master settings: {0}")]
+    Core(#[from] mooncake_master::ConfigError),
+    #[error("cannot listen on {addr} ({what}): {source}")]
+    Bind {
+        what: &'static str,
+        addr: SocketAddr,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+/// The core's settings from the process configuration.
+pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterServiceConfig {
+    let allocation_strategy = match config.allocation_strategy.as_str() {
+        "free_ratio_first" => AllocationStrategy::FreeRatioFirst,
+        "local_first" => AllocationStrategy::LocalFirst,
+        _ => AllocationStrategy::Random,
+    };
+    MasterServiceConfig {
+        default_kv_lease_ttl_ms: resolved.default_kv_lease_ttl_ms,
+        default_kv_soft_pin_ttl_ms: resolved.default_kv_soft_pin_ttl_ms,
+        max_kv_soft_pin_ttl_ms: resolved.max_kv_soft_pin_ttl_ms,
+        allow_evict_soft_pinned_objects: config.allow_evict_soft_pinned_objects,
+        put_start_discard_timeout_sec: config.put_start_discard_timeout_sec,
+        put_start_release_timeout_sec: config.put_start_release_timeout_sec,
+        allocation_strategy,
+        enable_multi_tenants: config.enable_multi_tenants,
+        client_live_ttl_sec: config.client_ttl,
+        eviction_ratio: config.eviction_ratio,
+        eviction_high_watermark_ratio: config.eviction_high_watermark_ratio,
+    }
+}
+
+/// A running master. Stop it with [`RunningMaster::shutdown`].
+#[derive(Debug)]
+pub struct RunningMaster {
+    master: Arc<MasterService>,
+    rpc: RpcServer,
+    rpc_addr: SocketAddr,
+    metrics_addr: SocketAddr,
+    metadata_addr: Option<SocketAddr>,
+    stop: watch::Sender<bool>,
+    tasks: JoinSet<()>,
+}
+
+/// How often each background step runs.
+const PUT_TIMEOUT_PERIOD: Duration = Duration::from_secs(1);
+const SOFT_PIN_EXPIRY_PERIOD: Duration = Duration::from_secs(1);
+const GRACEFUL_UNMOUNT_PERIOD: Duration = Duration::from_millis(200);
+
+impl RunningMaster {
+    /// Binds every port and starts serving. Must be called inside a tokio runtime.
+    pub async fn start(
+        config: &MasterConfig,
+        resolved: &ResolvedConfig,
+    ) -> Result<RunningMaster, StartError> {
+        let master = Arc::new(MasterService::new(
+            core_config(config, resolved),
+            Arc::new(SystemClock::new()),
+        )?);
+        let metrics = Arc::new(RpcMetrics::default());
+        let rpc_config = ServerConfig {
+            max_connections: config.rpc_max_connections,
+            busy_poll: (config.busy_poll_us > 0)
+                .then(|| Duration::from_micros(config.busy_poll_us)),
+            idle_timeout: (config.rpc_conn_timeout_seconds > 0)
+                .then(|| Duration::from_secs(config.rpc_conn_timeout_seconds)),
+            ..ServerConfig::default()
+        };
+        let handler = Arc::new(MasterRpc::new(
+            master.clone(),
+            metrics.clone(),
+            Limits::default(),
+        ));
+        let rpc = RpcServer::bind(resolved.rpc_addr, handler, rpc_config)
+            .await
+            .map_err(|source| StartError::Bind {
+                what: "rpc",
+                addr: resolved.rpc_addr,
+                source,
+            })?;
+        let rpc_addr = rpc.local_addr();
+
+        let (stop, stop_rx) = watch::channel(false);
+        let mut tasks = JoinSet::new();
+
+        let admin = admin_router(AdminState {
+            master: master.clone(),
+            metrics,
+            rpc_stats: Some(rpc.stats().clone()),
+            cluster_id: config.cluster_id.clone(),
+        });
+        let metrics_addr = serve_http(
+            &mut tasks,
+            "metrics",
+            resolved.metrics_addr,
+            admin,
+            stop_rx.clone(),
+        )
+        .await?;
+        let metadata_addr = match resolved.metadata_addr {
+            Some(addr) => Some(
+                serve_http(
+                    &mut tasks,
+                    "metadata",
+                    addr,
+                    metadata_router(MetadataStore::default()),
+                    stop_rx.clone(),
+                )
+                .await?,
+            ),
+            None => None,
+        };
+
+        spawn_worker(
+            &mut tasks,
+            &master,
+            stop_rx.clone(),
+            PUT_TIMEOUT_PERIOD,
+            |m| {
+                m.run_put_timeouts_once();
+            },
+        );
+        spawn_worker(
+            &mut tasks,
+            &master,
+            stop_rx.clone(),
+            SOFT_PIN_EXPIRY_PERIOD,
+            |m| {
+                m.run_soft_pin_expiry_once();
+            },
+        );
+        spawn_worker(&mut tasks, &master, stop_rx, GRACEFUL_UNMOUNT_PERIOD, |m| {
+            m.run_graceful_unmounts_once();
+        });
+
+        tracing::info!(%rpc_addr, %metrics_addr, ?metadata_addr, "master serving");
+        Ok(RunningMaster {
+            master,
+            rpc,
+            rpc_addr,
+            metrics_addr,
+            metadata_addr,
+            stop,
+            tasks,
+        })
+    }
+
+    pub fn rpc_addr(&self) -> SocketAddr {
+        self.rpc_addr
+    }
+
+    pub fn metrics_addr(&self) -> SocketAddr {
+        self.metrics_addr
+    }
+
+    pub fn metadata_addr(&self) -> Option<SocketAddr> {
+        self.metadata_addr
+    }
+
+    /// The core (for embedding and tests).
+    pub fn master(&self) -> &Arc<MasterService> {
+        &self.master
+    }
+
+    /// Stops accepting, closes connections, stops the workers, and waits for all of it.
+    pub async fn shutdown(mut self) {
+        let _ = self.stop.send(true);
+        self.rpc.shutdown().await;
+        while self.tasks.join_next().await.is_some() {}
+        tracing::info!("master stopped");
+    }
+}
+
+async fn serve_http(
+    tasks: &mut JoinSet<()>,
+    what: &'static str,
+    addr: SocketAddr,
+    router: axum::Router,
+    mut stop: watch::Receiver<bool>,
+) -> Result<SocketAddr, StartError> {
+    let listener = tokio::net::TcpListener::bind(addr)
+        .await
+        .map_err(|source| StartError::Bind { what, addr, source })?;
+    let local = listener
+        .local_addr()
+        .map_err(|source| StartError::Bind { what, addr, source })?;
+    tasks.spawn(async move {
+        let shutdown = async move {
+            let _ = stop.changed().await;
+        };
+        if let Err(error) = axum::serve(listener, router)
+            .with_graceful_shutdown(shutdown)
+            .await
+        {
+            tracing::error!(%error, what, "http server failed");
+        }
+    });
+    Ok(local)
+}
+
+fn spawn_worker(
+    tasks: &mut JoinSet<()>,
+    master: &Arc<MasterService>,
+    mut stop: watch::Receiver<bool>,
+    period: Duration,
+    step: fn(&MasterService),
+) {
+    let master = master.clone();
+    tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(period);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.changed() => return,
+            }
+            let master = master.clone();
+            // Sweeps may walk many shards: keep them off the I/O threads.
+            if tokio::task::spawn_blocking(move || step(&master))
+                .await
+                .is_err()
+            {
+                tracing::error!("background step panicked");
+            }
+        }
+    });
+}
+
+/// Runs a master until SIGINT or SIGTERM, on a runtime with the configured thread count.
+/// Returns the process exit code.
+pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(resolved.rpc_threads.max(1))
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(error) => {
+            eprintln!("cannot start the runtime: {error}");
+            return 1;
+        }
+    };
+    runtime.block_on(async move {
+        let master = match RunningMaster::start(&config, &resolved).await {
+            Ok(master) => master,
+            Err(error) => {
+                eprintln!("mooncake master: {error}");
+                return 1;
+            }
+        };
+        println!(
+            "mooncake master listening: rpc {} metrics http://{}{}",
+            master.rpc_addr(),
+            master.metrics_addr(),
+            master
+                .metadata_addr()
+                .map(|a| format!(" metadata http://{a}/metadata"))
+                .unwrap_or_default()
+        );
+        wait_for_signal().await;
+        master.shutdown().await;
+        0
+    })
+}
+
+async fn wait_for_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    match (
+        signal(SignalKind::interrupt()),
+        signal(SignalKind::terminate()),
+    ) {
+        (Ok(mut interrupt), Ok(mut terminate)) => {
+            tokio::select! {
+                _ = interrupt.recv() => {}
+                _ = terminate.recv() => {}
+            }
+        }
+        _ => {
+            let _ = tokio::signal::ctrl_c().await;
+        }
+    }
+}

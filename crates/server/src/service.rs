@@ -1,0 +1,175 @@
+//! The master's RPC handler: decodes each request, checks the protocol limits, calls the master
+//! core and encodes its `Result<T, ErrorCode>`. Counts every request for `/metrics`.
+
+use bytes::BytesMut;
+use mooncake_common::ErrorCode;
+use mooncake_master::MasterService;
+use mooncake_proto::methods::{self as m, Method};
+use mooncake_proto::{decode, encode_into, Limits, Reply};
+use mooncake_rpc::{Handler, HandlerError};
+use std::sync::Arc;
+
+use crate::metrics::RpcMetrics;
+
+/// The version string `ServiceReady` answers.
+pub const VERSION: &str = concat!("mooncake-rs ", env!("CARGO_PKG_VERSION"));
+
+/// Serves master RPCs over a shared [`MasterService`].
+#[derive(Debug)]
+pub struct MasterRpc {
+    master: Arc<MasterService>,
+    metrics: Arc<RpcMetrics>,
+    limits: Limits,
+}
+
+impl MasterRpc {
+    pub fn new(master: Arc<MasterService>, metrics: Arc<RpcMetrics>, limits: Limits) -> Self {
+        MasterRpc {
+            master,
+            metrics,
+            limits,
+        }
+    }
+
+    /// Decodes `M`, checks limits, runs `op`, encodes the reply.
+    fn serve<M: Method>(
+        &self,
+        body: &[u8],
+        out: &mut BytesMut,
+        op: impl FnOnce(&MasterService, M) -> Reply<M>,
+    ) -> Result<(), HandlerError> {
+        let request: M = match decode(body) {
+            Ok(request) => request,
+            Err(error) => {
+                self.metrics.record(M::ID, true);
+                return Err(HandlerError::new(
+                    error.code(),
+                    format!("{}: {error}", M::NAME),
+                ));
+            }
+        };
+        let reply = match request.check_limits(&self.limits) {
+            Ok(()) => op(&self.master, request),
+            Err(code) => Err(code),
+        };
+        self.metrics.record(M::ID, reply.is_err());
+        encode_into(&reply, out).map_err(|e| HandlerError::new(e.code(), e.to_string()))
+    }
+}
+
+impl Handler for MasterRpc {
+    fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        match method {
+            m::ExistKey::ID => self.serve(body, out, |ms, r: m::ExistKey| {
+                ms.exist_key(&r.key, &r.tenant)
+            }),
+            m::BatchExistKey::ID => self.serve(body, out, |ms, r: m::BatchExistKey| {
+                Ok(ms.batch_exist_key(&r.keys, &r.tenant))
+            }),
+            m::GetReplicaList::ID => self.serve(body, out, |ms, r: m::GetReplicaList| {
+                ms.get_replica_list(&r.key, &r.tenant)
+            }),
+            m::BatchGetReplicaList::ID => self.serve(body, out, |ms, r: m::BatchGetReplicaList| {
+                Ok(ms.batch_get_replica_list(&r.keys, &r.tenant))
+            }),
+            m::GetReplicaListByRegex::ID => {
+                self.serve(body, out, |ms, r: m::GetReplicaListByRegex| {
+                    let mut found: Vec<_> = ms
+                        .get_replica_list_by_regex(&r.regex, &r.tenant)?
+                        .into_iter()
+                        .collect();
+                    found.sort_by(|a, b| a.0.cmp(&b.0));
+                    Ok(found)
+                })
+            }
+            m::PutStart::ID => self.serve(body, out, |ms, r: m::PutStart| {
+                ms.put_start(r.client, &r.key, r.value_len, &r.config, &r.tenant)
+            }),
+            m::BatchPutStart::ID => self.serve(body, out, |ms, r: m::BatchPutStart| {
+                Ok(ms.batch_put_start(r.client, &r.keys, &r.value_lens, &r.config, &r.tenant))
+            }),
+            m::PutEnd::ID => self.serve(body, out, |ms, r: m::PutEnd| {
+                ms.put_end(r.client, &r.meta, r.replica_type, &r.tenant)
+            }),
+            m::BatchPutEnd::ID => self.serve(body, out, |ms, r: m::BatchPutEnd| {
+                Ok(ms.batch_put_end(r.client, &r.metas, r.replica_type, &r.tenant))
+            }),
+            m::PutRevoke::ID => self.serve(body, out, |ms, r: m::PutRevoke| {
+                ms.put_revoke(r.client, &r.key, r.replica_type, &r.tenant)
+            }),
+            m::BatchPutRevoke::ID => self.serve(body, out, |ms, r: m::BatchPutRevoke| {
+                Ok(ms.batch_put_revoke(r.client, &r.keys, r.replica_type, &r.tenant))
+            }),
+            m::Remove::ID => self.serve(body, out, |ms, r: m::Remove| {
+                ms.remove(&r.key, r.force, &r.tenant)
+            }),
+            m::BatchRemove::ID => self.serve(body, out, |ms, r: m::BatchRemove| {
+                Ok(ms.batch_remove(&r.keys, r.force, &r.tenant))
+            }),
+            m::RemoveByRegex::ID => self.serve(body, out, |ms, r: m::RemoveByRegex| {
+                ms.remove_by_regex(&r.regex, r.force, &r.tenant)
+            }),
+            m::RemoveAll::ID => self.serve(body, out, |ms, r: m::RemoveAll| {
+                Ok(ms.remove_all(r.force, &r.tenant))
+            }),
+            m::BatchReplicaClear::ID => self.serve(body, out, |ms, r: m::BatchReplicaClear| {
+                Ok(ms.batch_replica_clear(&r.keys, r.client, &r.segment_name, &r.tenant))
+            }),
+            m::MountSegment::ID => self.serve(body, out, |ms, r: m::MountSegment| {
+                ms.mount_segment(&r.segment, r.client)
+            }),
+            m::ReMountSegment::ID => self.serve(body, out, |ms, r: m::ReMountSegment| {
+                ms.remount_segments(&r.segments, r.client)
+            }),
+            m::UnmountSegment::ID => self.serve(body, out, |ms, r: m::UnmountSegment| {
+                ms.unmount_segment(r.segment_id, r.client)
+            }),
+            m::GracefulUnmountSegment::ID => {
+                self.serve(body, out, |ms, r: m::GracefulUnmountSegment| {
+                    ms.graceful_unmount_segment(r.segment_id, r.client, r.grace_period_ms)
+                })
+            }
+            m::ServiceReady::ID => {
+                self.serve(body, out, |_, _: m::ServiceReady| Ok(VERSION.to_string()))
+            }
+            m::QuerySegmentStatus::ID => self.serve(body, out, |ms, r: m::QuerySegmentStatus| {
+                ms.query_segment_status(&r.segment_name)
+            }),
+            m::QuerySegmentStatusById::ID => {
+                self.serve(body, out, |ms, r: m::QuerySegmentStatusById| {
+                    ms.query_segment_status_by_id(r.segment_id)
+                })
+            }
+            m::GetAllKeys::ID => {
+                self.serve(body, out, |ms, r: m::GetAllKeys| ms.get_all_keys(&r.tenant))
+            }
+            m::GetSegmentsDetail::ID => self.serve(body, out, |ms, _: m::GetSegmentsDetail| {
+                Ok(ms
+                    .segment_usage()
+                    .into_iter()
+                    .map(|u| m::SegmentDetail {
+                        id: u.id,
+                        name: u.name,
+                        client: u.client,
+                        status: u.status,
+                        base: u.base,
+                        capacity_bytes: u.capacity_bytes,
+                        used_bytes: u.used_bytes,
+                    })
+                    .collect())
+            }),
+            other => {
+                self.metrics.record(other, true);
+                Err(HandlerError::new(
+                    ErrorCode::NOT_SUPPORTED,
+                    match mooncake_proto::method_name(other) {
+                        Some(name) => {
+                            format!("method {name} ({other}) is not served by this master yet")
+                        }
+                        None => format!("unknown method id {other}"),
+                    },
+                ))
+            }
+        }
+    }
+}
