@@ -1,0 +1,423 @@
+//! The real `mooncake master` binary on 127.0.0.1 with free ports, driven by `MasterClient` over
+//! TCP, by raw sockets sending malformed input, and by HTTP; stopped with SIGTERM.
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::{http, MasterProcess};
+use mooncake_client::{MasterClient, MasterError};
+use mooncake_common::{
+    ClientId, ErrorCode, ObjectMeta, ReplicaKind, ReplicateConfig, Segment, SegmentId,
+    SegmentStatus,
+};
+use mooncake_proto::methods as m;
+use mooncake_rpc::ClientConfig;
+use std::io::{Read, Write};
+use std::net::TcpStream;
+use std::time::Duration;
+
+fn segment(name: &str, base: u64, size: u64) -> Segment {
+    Segment {
+        id: SegmentId::random(),
+        name: name.to_string(),
+        base,
+        size,
+        te_endpoint: format!("tcp://{name}"),
+        protocol: "tcp".to_string(),
+        host_id: "host-a".to_string(),
+    }
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+fn client_of(master: &MasterProcess) -> MasterClient {
+    MasterClient::new(
+        master.rpc,
+        ClientConfig {
+            call_timeout: Duration::from_secs(10),
+            ..ClientConfig::default()
+        },
+    )
+}
+
+#[test]
+fn lifecycle_over_tcp_then_clean_sigterm() {
+    let master = MasterProcess::start(&[]);
+    let rt = runtime();
+    let mc = client_of(&master);
+    let me = ClientId::random();
+    rt.block_on(async {
+        assert!(mc.service_ready().await.unwrap().starts_with("mooncake-rs"));
+        let seg_a = segment("127.0.0.1:7001", 0x1000_0000, 64 << 20);
+        let seg_b = segment("127.0.0.1:7002", 0x2000_0000, 64 << 20);
+        mc.mount_segment(seg_a.clone(), me).await.unwrap();
+        mc.mount_segment(seg_b.clone(), me).await.unwrap();
+        // Idempotent mount.
+        mc.mount_segment(seg_a.clone(), me).await.unwrap();
+
+        let config = ReplicateConfig {
+            replica_num: 2,
+            ..ReplicateConfig::default()
+        };
+        let replicas = mc.put_start(me, "k1", 4096, &config, "").await.unwrap();
+        assert_eq!(replicas.len(), 2);
+        // Not readable before PutEnd.
+        assert!(!mc.exist_key("k1", "").await.unwrap());
+        let err = mc.get_replica_list("k1", "").await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::REPLICA_IS_NOT_READY);
+        mc.put_end(me, ObjectMeta::new("k1"), "").await.unwrap();
+        assert!(mc.exist_key("k1", "").await.unwrap());
+        let got = mc.get_replica_list("k1", "").await.unwrap();
+        assert_eq!(got.replicas.len(), 2);
+        assert_eq!(got.lease_ttl_ms, 10_000);
+        for r in &got.replicas {
+            let ReplicaKind::Memory(mem) = &r.kind else {
+                panic!("not memory: {r:?}")
+            };
+            assert_eq!(mem.size, 4096);
+        }
+        // Second put of a live key.
+        let again = mc.put_start(me, "k1", 4096, &config, "").await.unwrap_err();
+        assert!(matches!(
+            again,
+            MasterError::Master(ErrorCode::OBJECT_ALREADY_EXISTS)
+        ));
+
+        // Batches, in input order.
+        let keys: Vec<String> = (0..50).map(|i| format!("b{i}")).collect();
+        let lens = vec![1024u64; keys.len()];
+        let started = mc
+            .call(&m::BatchPutStart {
+                client: me,
+                keys: keys.clone(),
+                value_lens: lens,
+                config: ReplicateConfig::default(),
+                tenant: String::new(),
+            })
+            .await
+            .unwrap();
+        assert!(started.iter().all(|r| r.is_ok()));
+        let metas: Vec<ObjectMeta> = keys
+            .iter()
+            .take(40)
+            .map(|k| ObjectMeta::new(k.clone()))
+            .collect();
+        let ended = mc
+            .call(&m::BatchPutEnd {
+                client: me,
+                metas,
+                replica_type: mooncake_common::ReplicaType::ALL,
+                tenant: String::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(ended.len(), 40);
+        let mut probe = keys.clone();
+        probe.push("missing".into());
+        let exist = mc.batch_exist_key(probe, "").await.unwrap();
+        assert_eq!(exist.len(), 51);
+        assert!(exist[..40].iter().all(|r| *r == Ok(true)));
+        assert!(exist[40..50].iter().all(|r| *r == Ok(false)), "{exist:?}");
+        assert_eq!(exist[50], Ok(false));
+        let lists = mc
+            .batch_get_replica_list(vec!["b0".into(), "nope".into()], "")
+            .await
+            .unwrap();
+        assert!(lists[0].is_ok());
+        assert_eq!(lists[1].as_ref().unwrap_err(), &ErrorCode::OBJECT_NOT_FOUND);
+
+        // Leased objects resist non-force removal; force works.
+        let err = mc.remove("k1", false, "").await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::OBJECT_HAS_LEASE);
+        mc.remove("k1", true, "").await.unwrap();
+        assert!(!mc.exist_key("k1", "").await.unwrap());
+        let err = mc.remove("k1", true, "").await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::OBJECT_NOT_FOUND);
+
+        // Segment status and bad input.
+        let status = mc
+            .call(&m::QuerySegmentStatus {
+                segment_name: seg_a.name.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(status, SegmentStatus::OK);
+        let err = mc
+            .put_start(me, "", 10, &ReplicateConfig::default(), "")
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::INVALID_PARAMS);
+        let long_key = "x".repeat(5000);
+        let err = mc.exist_key(&long_key, "").await.unwrap_err();
+        assert_eq!(err.code(), ErrorCode::INVALID_KEY);
+        let err = mc
+            .call(&m::RemoveByRegex {
+                regex: "(".into(),
+                force: true,
+                tenant: String::new(),
+            })
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::INVALID_PARAMS);
+        let removed = mc
+            .call(&m::RemoveByRegex {
+                regex: "^b1".into(),
+                force: true,
+                tenant: String::new(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(
+            removed, 11,
+            "b1 and b10..b19 minus the unfinished ones? got {removed}"
+        );
+    });
+    let status = master
+        .terminate(Duration::from_secs(10))
+        .expect("master did not exit on SIGTERM");
+    assert!(status.success(), "exit status {status:?}");
+}
+
+#[test]
+fn malformed_input_closes_one_connection_and_memory_stays_bounded() {
+    let master = MasterProcess::start(&["--rpc_max_connections=1024"]);
+    let rt = runtime();
+    let mc = client_of(&master);
+    rt.block_on(async { mc.service_ready().await.unwrap() });
+    let rss_before = master.rss_kib();
+
+    let read_some = |stream: &mut TcpStream| {
+        stream
+            .set_read_timeout(Some(Duration::from_secs(5)))
+            .unwrap();
+        let mut buf = vec![0u8; 4096];
+        let mut got = Vec::new();
+        while let Ok(n) = stream.read(&mut buf) {
+            if n == 0 {
+                break;
+            }
+            got.extend_from_slice(&buf[..n]);
+        }
+        got
+    };
+    // Oversized length prefix: an error frame (BUFFER_OVERFLOW), then the connection closes.
+    let mut raw = TcpStream::connect(master.rpc).unwrap();
+    raw.write_all(&[0xff, 0xff, 0xff, 0xff]).unwrap();
+    let got = read_some(&mut raw);
+    assert!(
+        got.len() >= 20 && got[5] == 2,
+        "expected an error frame, got {got:?}"
+    );
+    assert_eq!(
+        i32::from_le_bytes([got[16], got[17], got[18], got[19]]),
+        ErrorCode::BUFFER_OVERFLOW.as_i32()
+    );
+
+    // Unknown method id and garbage body: error frames, connection stays usable.
+    let mut raw = TcpStream::connect(master.rpc).unwrap();
+    let unknown = [12u8, 0, 0, 0, 1, 0, 0xe7, 0x03, 9, 0, 0, 0, 0, 0, 0, 0];
+    raw.write_all(&unknown).unwrap();
+    let garbage_body = [
+        15u8, 0, 0, 0, 1, 0, 6, 0, 10, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff,
+    ];
+    raw.write_all(&garbage_body).unwrap();
+    raw.shutdown(std::net::Shutdown::Write).unwrap();
+    let got = read_some(&mut raw);
+    assert!(
+        got.len() >= 40,
+        "two error frames expected, got {} bytes",
+        got.len()
+    );
+
+    // Truncated frame, then disconnect mid-frame.
+    let mut raw = TcpStream::connect(master.rpc).unwrap();
+    raw.write_all(&[200, 0, 0, 0, 1, 0, 1, 0, 1]).unwrap();
+    drop(raw);
+
+    // 2,000 idle connections against a limit of 1,024: the extra ones are refused, the master
+    // keeps serving, and its memory stays bounded.
+    let mut idle = Vec::new();
+    for _ in 0..2000 {
+        match TcpStream::connect(master.rpc) {
+            Ok(stream) => idle.push(stream),
+            Err(error) => panic!("connect failed: {error}"),
+        }
+    }
+    std::thread::sleep(Duration::from_millis(300));
+    let (status, body) = http("GET", master.metrics, "/metrics", b"");
+    assert_eq!(status, 200);
+    let refused: u64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("master_rpc_connections_refused_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(refused >= 900, "refused only {refused}");
+    drop(idle);
+    rt.block_on(async {
+        let fresh = client_of(&master);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        loop {
+            match fresh.service_ready().await {
+                Ok(_) => break,
+                Err(e) => assert!(
+                    std::time::Instant::now() < deadline,
+                    "master stopped serving: {e}"
+                ),
+            }
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+        assert!(mc.exist_key("whatever", "").await.is_ok());
+    });
+    let rss_after = master.rss_kib();
+    assert!(
+        rss_after < rss_before + 64 * 1024,
+        "rss grew from {rss_before} KiB to {rss_after} KiB"
+    );
+}
+
+#[test]
+fn http_endpoints_answer_with_upstreams_shapes_and_codes() {
+    let master = MasterProcess::start(&["--enable_http_metadata_server"]);
+    let rt = runtime();
+    let mc = client_of(&master);
+    let me = ClientId::random();
+    let seg = segment("127.0.0.1:7100", 0x4000_0000, 32 << 20);
+    rt.block_on(async {
+        mc.mount_segment(seg.clone(), me).await.unwrap();
+        mc.put_start(me, "probe/key1", 4096, &ReplicateConfig::default(), "")
+            .await
+            .unwrap();
+        mc.put_end(me, ObjectMeta::new("probe/key1"), "")
+            .await
+            .unwrap();
+        mc.put_start(me, "probe/pending", 4096, &ReplicateConfig::default(), "")
+            .await
+            .unwrap();
+    });
+    let addr = master.metrics;
+
+    let (status, body) = http("GET", addr, "/health", b"");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("\"status\":\"ok\"") && body.contains("\"role\":\"leader\""),
+        "{body}"
+    );
+    assert_eq!(http("GET", addr, "/role", b"").1, "leader");
+
+    let (status, body) = http("GET", addr, "/metrics", b"");
+    assert_eq!(status, 200);
+    assert!(body.contains("master_key_count 2"), "{body}");
+    assert!(body.contains(&format!("master_total_capacity_bytes {}", 32u64 << 20)));
+    assert!(body.contains("master_put_start_requests_total 2"));
+    assert!(body.contains("master_put_end_requests_total 1"));
+
+    let (status, body) = http("GET", addr, "/metrics/summary", b"");
+    assert_eq!(status, 200);
+    assert!(body.contains("Keys: 2"), "{body}");
+
+    let (status, body) = http("GET", addr, "/query_key?key=probe/key1", b"");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("\"size_\":4096") && body.contains("\"success\":true"),
+        "{body}"
+    );
+    let (status, body) = http("GET", addr, "/query_key?key=nokey", b"");
+    assert_eq!(status, 404);
+    assert!(body.contains("-704"), "{body}");
+    // /query_key grants no lease: a plain remove still works.
+    rt.block_on(async { mc.remove("probe/key1", false, "").await.unwrap() });
+    rt.block_on(async {
+        mc.put_start(me, "probe/key1", 4096, &ReplicateConfig::default(), "")
+            .await
+            .unwrap();
+        mc.put_end(me, ObjectMeta::new("probe/key1"), "")
+            .await
+            .unwrap();
+    });
+
+    let (status, body) = http("GET", addr, "/batch_query_keys?keys=probe/key1,nokey", b"");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("\"ok\":true") && body.contains("OBJECT_NOT_FOUND"),
+        "{body}"
+    );
+
+    let (status, body) = http("GET", addr, "/get_all_keys", b"");
+    assert_eq!(status, 200);
+    assert_eq!(
+        body.lines().collect::<Vec<_>>(),
+        vec!["probe/key1"],
+        "pending keys are not listed"
+    );
+
+    let (status, body) = http("GET", addr, "/get_all_segments", b"");
+    assert_eq!((status, body.trim()), (200, "127.0.0.1:7100"));
+
+    let (status, body) = http("GET", addr, "/get_segments_detail", b"");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("\"total_segments\":1") && body.contains("\"allocator_used_bytes\":8192"),
+        "{body}"
+    );
+
+    let (status, body) = http("GET", addr, "/query_segment?segment=127.0.0.1:7100", b"");
+    assert_eq!(status, 200);
+    assert!(body.contains("Used(bytes): 8192"), "{body}");
+    assert_eq!(http("GET", addr, "/query_segment?segment=nope", b"").0, 404);
+
+    let (status, body) = http(
+        "GET",
+        addr,
+        "/api/v1/segments/status?segment=127.0.0.1:7100",
+        b"",
+    );
+    assert_eq!(status, 200);
+    assert!(body.contains("\"status_name\":\"OK\""), "{body}");
+    assert_eq!(http("GET", addr, "/api/v1/segments/status", b"").0, 400);
+
+    let (status, body) = http("GET", addr, "/api/v1/tenant_quotas", b"");
+    assert_eq!(status, 409, "multi-tenancy is off: {body}");
+    assert!(body.contains("-1011"));
+
+    let (status, body) = http("POST", addr, "/api/v1/remove_all?force=true", b"");
+    assert_eq!(status, 200);
+    assert!(body.contains("\"removed_count\":1"), "{body}");
+    assert_eq!(
+        http("POST", addr, "/api/v1/remove_all?force=maybe", b"").0,
+        400
+    );
+    assert_eq!(http("GET", addr, "/no_such_page", b"").0, 404);
+
+    // The metadata store.
+    let meta = master.metadata.expect("metadata server address");
+    assert_eq!(http("GET", meta, "/metadata?key=a", b"").0, 404);
+    assert_eq!(http("PUT", meta, "/metadata?key=a", b"{\"x\":1}").0, 200);
+    assert_eq!(
+        http("GET", meta, "/metadata?key=a", b""),
+        (200, "{\"x\":1}".to_string())
+    );
+    assert_eq!(http("DELETE", meta, "/metadata?key=a", b"").0, 200);
+    assert_eq!(http("GET", meta, "/metadata?key=a", b"").0, 404);
+    assert_eq!(http("GET", meta, "/metadata", b"").0, 400);
+}
+
+#[test]
+fn invalid_flags_are_refused_at_start() {
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mooncake"))
+        .args(["master", "--eviction-ratio=1.5"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("eviction_ratio"), "{stderr}");
+    let out = std::process::Command::new(env!("CARGO_BIN_EXE_mooncake"))
+        .args(["master", "--no_such_flag"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+}
