@@ -64,10 +64,15 @@ fn raw_sequential_mb_s(
     total as f64 / secs
 }
 
-fn log_mb_s(dir: &std::path::Path, values: &[Vec<u8>], total: usize) -> f64 {
+fn log_mb_s(
+    dir: &std::path::Path,
+    values: &[Vec<u8>],
+    total: usize,
+    durability: Durability,
+) -> f64 {
     let root = dir.join("log");
     let mut cfg = BackendConfig::new(&root, (total as u64 + 16) << 20);
-    cfg.durability = Durability::Batch;
+    cfg.durability = durability;
     cfg.eviction = EvictionConfig {
         enabled: false,
         ..EvictionConfig::default()
@@ -107,21 +112,31 @@ fn log_batch_write_throughput_vs_raw_sequential() {
     let mut raw = Vec::new();
     let mut pre = Vec::new();
     let mut log = Vec::new();
-    for _ in 0..3 {
+    let mut log_none = Vec::new();
+    let reps: usize = std::env::var("LOG_BENCH_REPS")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(3);
+    for _ in 0..reps {
         raw.push(raw_sequential_mb_s(&dir, &values, total, false));
         pre.push(raw_sequential_mb_s(&dir, &values, total, true));
-        log.push(log_mb_s(&dir, &values, total));
+        log.push(log_mb_s(&dir, &values, total, Durability::Batch));
+        log_none.push(log_mb_s(&dir, &values, total, Durability::None));
     }
     let median = |v: &mut Vec<f64>| {
         v.sort_by(f64::total_cmp);
         v[v.len() / 2]
     };
     let (raw_m, pre_m, log_m) = (median(&mut raw), median(&mut pre), median(&mut log));
-    println!("| case (1 MiB values, {BATCH} per batch, {total} MiB) | MB/s (median of 3) | runs |");
+    let none_m = median(&mut log_none);
+    println!(
+        "| case (1 MiB values, {BATCH} per batch, {total} MiB) | MB/s (median of {reps}) | runs |"
+    );
     println!("| --- | --- | --- |");
     println!("| raw sequential write + fdatasync per {BATCH} MiB | {raw_m:.0} | {raw:.0?} |");
     println!("| raw, into a preallocated file | {pre_m:.0} | {pre:.0?} |");
     println!("| log put_batch, durability batch | {log_m:.0} | {log:.0?} |");
+    println!("| log put_batch, durability none (page cache) | {none_m:.0} | {log_none:.0?} |");
     println!("| ratio log / raw (new file) | {:.2} | |", log_m / raw_m);
     println!(
         "| ratio log / raw (preallocated) | {:.2} | |",
