@@ -342,3 +342,51 @@ fn durability_policies_all_round_trip_through_a_crash_image() {
         }
     }
 }
+
+#[test]
+fn keys_that_spill_into_a_second_head_block_round_trip_and_recover() {
+    let dir = TempDir::new("longkey");
+    let long = "x".repeat(4096); // 48 + 4096 bytes: the head takes two blocks
+    let tenant_key = "tenant\0user-key".to_string();
+    let b = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
+    put(&b, &long, &value(1, 5000)).unwrap();
+    put(&b, &tenant_key, &value(2, 100)).unwrap();
+    put(&b, "empty", b"").unwrap();
+    assert_eq!(b.record_location(&long).unwrap().1, 2 + 2);
+    assert_eq!(b.record_location("empty").unwrap().1, 1);
+    assert_eq!(get(&b, &long).unwrap(), value(1, 5000));
+    let too_long = "x".repeat(4097);
+    assert!(matches!(
+        put(&b, &too_long, b"v"),
+        Err(StorageError::KeyTooLong {
+            len: 4097,
+            max: 4096
+        })
+    ));
+    b.abandon();
+    let b = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
+    assert_eq!(get(&b, &long).unwrap(), value(1, 5000));
+    assert_eq!(get(&b, &tenant_key).unwrap(), value(2, 100));
+    assert_eq!(get(&b, "empty").unwrap(), b"");
+    assert_eq!(b.recovery_report().from_scan, 3);
+}
+
+#[test]
+fn invalid_configuration_is_refused_at_open() {
+    let dir = TempDir::new("badcfg");
+    let err = LogBackend::open_with(config(&dir.0, 0, false), tight()).unwrap_err();
+    assert_eq!(err.code(), ErrorCode::INVALID_PARAMS, "{err}");
+    let mut cfg = config(&dir.0, 1 << 20, true);
+    cfg.eviction.low_watermark_ratio = 0.99;
+    cfg.eviction.high_watermark_ratio = 0.5;
+    assert!(LogBackend::open_with(cfg, tight()).is_err());
+    let bad = LogOptions {
+        headroom_ratio: f64::NAN,
+        ..tight()
+    };
+    assert!(LogBackend::open_with(config(&dir.0, 1 << 20, false), bad).is_err());
+    assert!(
+        !dir.0.join(DATA_FILE).exists(),
+        "nothing created by a refused open"
+    );
+}

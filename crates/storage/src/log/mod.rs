@@ -208,6 +208,13 @@ impl LogBackend {
         config: BackendConfig,
         options: LogOptions,
     ) -> Result<LogBackend, StorageError> {
+        config.validate()?;
+        if !(options.headroom_ratio >= 0.0 && options.checkpoint_quarantine_ratio > 0.0) {
+            return Err(StorageError::InvalidConfig(format!(
+                "log options need headroom_ratio >= 0 and checkpoint_quarantine_ratio > 0: \
+                 {options:?}"
+            )));
+        }
         let opened = recovery::open(&config, &options)?;
         let index = Index::default();
         let mut used = 0u64;
