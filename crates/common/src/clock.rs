@@ -30,6 +30,11 @@ impl Clock for SystemClock {
             .duration_since(UNIX_EPOCH)
             .map(|d| u64::try_from(d.as_millis()).unwrap_or(u64::MAX))
             .unwrap_or(0);
+        // Write only when time moved (once per ms), so concurrent readers don't bounce the line.
+        let last = self.last_ms.load(Ordering::Relaxed);
+        if wall_ms <= last {
+            return last;
+        }
         let prev = self.last_ms.fetch_max(wall_ms, Ordering::Relaxed);
         prev.max(wall_ms)
     }

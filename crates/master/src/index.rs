@@ -56,17 +56,22 @@ pub(crate) struct TenantState {
 
 impl TenantState {
     pub fn find(&self, hash: u64, key: &str) -> Option<&ObjectEntry> {
-        self.objects.find(hash, |e| &*e.key == key).map(|b| &**b)
+        self.objects
+            .find(hash, |e| e.key.as_bytes() == key.as_bytes())
+            .map(|b| &**b)
     }
 
     pub fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut ObjectEntry> {
         self.objects
-            .find_mut(hash, |e| &*e.key == key)
+            .find_mut(hash, |e| e.key.as_bytes() == key.as_bytes())
             .map(|b| &mut **b)
     }
 
     pub fn remove(&mut self, hash: u64, key: &str) -> Option<Box<ObjectEntry>> {
-        match self.objects.find_entry(hash, |e| &*e.key == key) {
+        match self
+            .objects
+            .find_entry(hash, |e| e.key.as_bytes() == key.as_bytes())
+        {
             Ok(occupied) => Some(occupied.remove().0),
             Err(_) => None,
         }

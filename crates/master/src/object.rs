@@ -53,7 +53,7 @@ impl Replica {
 
     /// False only for a memory-like replica whose segment is gone.
     pub fn is_valid(&self) -> bool {
-        self.handle().is_none_or_live()
+        self.handle().is_none_or(BufferHandle::is_live)
     }
 
     pub fn is_complete(&self) -> bool {
@@ -90,19 +90,6 @@ impl Replica {
             status: self.status,
             kind,
         })
-    }
-}
-
-trait LiveOption {
-    fn is_none_or_live(self) -> bool;
-}
-
-impl LiveOption for Option<&BufferHandle> {
-    fn is_none_or_live(self) -> bool {
-        match self {
-            None => true,
-            Some(h) => h.is_live(),
-        }
     }
 }
 
@@ -228,10 +215,67 @@ impl ObjectMetadata {
     }
 }
 
+/// Longest key stored inline in its entry (bytes).
+pub(crate) const INLINE_KEY_BYTES: usize = 22;
+
+/// A user key. Keys up to [`INLINE_KEY_BYTES`] live inside the entry (no second allocation and
+/// no second cache miss on lookup); longer ones are boxed. 24 bytes either way.
+pub(crate) enum ObjectKey {
+    Inline {
+        len: u8,
+        bytes: [u8; INLINE_KEY_BYTES],
+    },
+    Heap(Box<str>),
+}
+
+impl ObjectKey {
+    pub fn new(key: &str) -> Self {
+        if key.len() <= INLINE_KEY_BYTES {
+            let mut bytes = [0u8; INLINE_KEY_BYTES];
+            bytes[..key.len()].copy_from_slice(key.as_bytes());
+            ObjectKey::Inline {
+                len: key.len() as u8,
+                bytes,
+            }
+        } else {
+            ObjectKey::Heap(Box::from(key))
+        }
+    }
+
+    pub fn as_bytes(&self) -> &[u8] {
+        match self {
+            ObjectKey::Inline { len, bytes } => &bytes[..usize::from(*len)],
+            ObjectKey::Heap(b) => b.as_bytes(),
+        }
+    }
+
+    pub fn as_str(&self) -> &str {
+        match self {
+            // Built from a `&str` and never mutated, so always valid UTF-8.
+            ObjectKey::Inline { .. } => std::str::from_utf8(self.as_bytes()).unwrap_or_default(),
+            ObjectKey::Heap(b) => b,
+        }
+    }
+}
+
+impl std::ops::Deref for ObjectKey {
+    type Target = str;
+
+    fn deref(&self) -> &str {
+        self.as_str()
+    }
+}
+
+impl std::fmt::Debug for ObjectKey {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        std::fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
 /// One object: its user key and metadata, boxed as one allocation.
 #[derive(Debug)]
 pub(crate) struct ObjectEntry {
-    pub key: Box<str>,
+    pub key: ObjectKey,
     pub meta: ObjectMetadata,
 }
 
@@ -296,10 +340,30 @@ mod tests {
             "{}",
             std::mem::size_of::<Replica>()
         );
+        assert_eq!(std::mem::size_of::<ObjectKey>(), 24);
         assert!(
-            std::mem::size_of::<ObjectEntry>() <= 152,
+            std::mem::size_of::<ObjectEntry>() <= 160,
             "{}",
             std::mem::size_of::<ObjectEntry>()
         );
+    }
+
+    #[test]
+    fn short_keys_inline_long_keys_boxed() {
+        for key in [
+            "",
+            "k",
+            "exactly-22-bytes-key!!",
+            "twenty-three-bytes-key!",
+            "ü€",
+        ] {
+            let k = ObjectKey::new(key);
+            assert_eq!(k.as_str(), key);
+            assert_eq!(k.as_bytes(), key.as_bytes());
+            assert_eq!(
+                matches!(k, ObjectKey::Inline { .. }),
+                key.len() <= INLINE_KEY_BYTES
+            );
+        }
     }
 }

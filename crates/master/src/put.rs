@@ -11,8 +11,8 @@ use smallvec::SmallVec;
 
 use crate::index::{key_hash, Tenant};
 use crate::object::{
-    ObjectEntry, ObjectExtra, ObjectMetadata, PendingSoftPin, Replica, ReplicaData, FLAG_HARD_PIN,
-    FLAG_PROCESSING,
+    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Replica, ReplicaData,
+    FLAG_HARD_PIN, FLAG_PROCESSING,
 };
 use crate::service::{MasterService, SoftPinDeadline, MAX_KEY_LEN_BYTES};
 use crate::strategy::{place, AllocationStrategy, PlacementRequest};
@@ -221,7 +221,7 @@ impl MasterService {
             flags |= FLAG_HARD_PIN;
         }
         let entry = Box::new(ObjectEntry {
-            key: Box::from(key),
+            key: ObjectKey::new(key),
             meta: ObjectMetadata {
                 client_id: client,
                 size: args.slice_length,

@@ -121,10 +121,10 @@ impl MasterService {
     }
 
     /// Runs `f` on every key's entry (or `None`), locking each involved shard once for reading.
-    fn for_each_by_shard<'k>(
+    fn for_each_by_shard(
         &self,
         tenant: Tenant<'_>,
-        keys: &'k [String],
+        keys: &[String],
         mut f: impl FnMut(usize, Option<&ObjectEntry>),
     ) {
         let order = Self::by_shard(tenant, keys);

@@ -268,8 +268,7 @@ impl MasterService {
             for (_, state) in shard.tenants_mut() {
                 state.objects.retain(|entry| {
                     let meta = &mut entry.meta;
-                    meta.replicas
-                        .retain(|r| !(r.is_complete() && !r.is_valid()));
+                    meta.replicas.retain(|r| !r.is_complete() || r.is_valid());
                     let keep = meta.is_valid();
                     erased += usize::from(!keep);
                     keep

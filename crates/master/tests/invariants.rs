@@ -387,7 +387,7 @@ fn inv8_control_plane_is_idempotent() {
     assert_eq!(m.total_capacity_bytes(), 1500);
     // Someone else's segment id, or changed fields → INVALID_PARAMS, nothing changes.
     assert_eq!(
-        m.remount_segments(&[s1.clone()], C2),
+        m.remount_segments(std::slice::from_ref(&s1), C2),
         Err(ErrorCode::INVALID_PARAMS)
     );
     let changed = mooncake_common::Segment {
