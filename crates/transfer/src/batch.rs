@@ -254,9 +254,9 @@ impl Batch {
     }
 }
 
-/// One piece of an entry, moved by exactly one transport. Finishing it (or dropping it)
-/// releases the local pin and then reports to the batch, so a caller that sees the entry done
-/// (or an `unregister` that sees the pin count drop) knows nobody touches that memory any more.
+/// One piece of an entry, moved by exactly one transport. It is finished (or dropped) only
+/// after its transport stopped touching the memory; it then reports to the batch and releases
+/// the local pin, so `unregister` returning implies the entry is reported.
 #[derive(Debug)]
 pub(crate) struct Chunk {
     pub(crate) batch: Arc<BatchState>,
@@ -281,14 +281,17 @@ impl Chunk {
         self.batch.deadline()
     }
 
-    /// Reports the result; the local pin is released first, then the batch is told.
+    /// Reports the result, then releases the local pin.
     pub(crate) fn finish(mut self, result: Result<(), TransferError>) {
         self.report(result);
     }
 
     fn report(&mut self, result: Result<(), TransferError>) {
-        if self.pin.take().is_some() {
+        if let Some(pin) = self.pin.take() {
+            // The memory is no longer touched. Report first, then unpin: an `unregister` that
+            // sees the pin count reach zero then also sees the entry completed.
             self.batch.finish_chunk(self.index, result);
+            drop(pin);
         }
     }
 }

@@ -356,7 +356,8 @@ impl TransferEngine {
     }
 
     /// Submits a batch. Never blocks on I/O and never panics: every entry ends in success or a
-    /// typed error by its deadline (`entry_timeout_ms` from now).
+    /// typed error by its deadline (`entry_timeout_ms` from now). Local and shared-memory
+    /// entries up to `inline_copy_max_bytes` are copied before this returns (a memcpy, no I/O).
     pub fn submit(&self, requests: &[TransferRequest]) -> Batch {
         self.inner.submit(requests)
     }
@@ -472,11 +473,22 @@ impl Inner {
         }
     }
 
+    /// True when a shared-memory mapping of this peer segment is cached (no handshake needed).
+    fn shm_mapped(&self, remote: &Endpoint, segment_id: u64) -> bool {
+        self.shm_maps
+            .lock()
+            .contains_key(&(remote.instance_id(), segment_id))
+    }
+
     fn chunk_len(&self, len: usize, route: Route) -> usize {
         let stripes = match route {
             Route::Tcp => self.config.connections_per_peer,
+            Route::Local | Route::Shm if len <= self.config.inline_copy_max_bytes => 1,
             Route::Local | Route::Shm => self.config.copy_threads,
         };
+        if stripes == 1 && route != Route::Tcp {
+            return len; // one inline copy
+        }
         len.div_ceil(stripes)
             .clamp(self.config.min_chunk_bytes, self.config.max_chunk_bytes)
     }
@@ -503,8 +515,17 @@ impl Inner {
                 Ok((_, chunks)) if chunks.is_empty() => state.finish_entry(index, Ok(())),
                 Ok((route, chunks)) => {
                     state.set_chunks(index, chunks.len());
+                    let inline = route != Route::Tcp
+                        && request.len_bytes <= self.config.inline_copy_max_bytes as u64
+                        && (route == Route::Local
+                            || self.shm_mapped(&request.remote, request.segment_id));
                     for chunk in chunks {
                         match route {
+                            Route::Local if inline => {
+                                let result = self.copy_local(&chunk);
+                                chunk.finish(result);
+                            }
+                            Route::Shm if inline => self.copy_shm(chunk),
                             Route::Tcp => tcp_groups
                                 .entry((
                                     request.remote.instance_id(),

@@ -139,7 +139,7 @@ fn frozen_peer_makes_entries_time_out_instead_of_hanging() {
     // Warm the pool so the connection exists, then freeze the peer.
     let read = TransferRequest::read(local.as_ptr(), 4096, &frozen.endpoint, frozen.segment_id, 0);
     assert_eq!(client.transfer_sync(&[read.clone()]), vec![Ok(())]);
-    frozen.signal(libc::SIGSTOP);
+    frozen.freeze();
     let t = Instant::now();
     let results = client
         .submit(&[read.clone(), read])

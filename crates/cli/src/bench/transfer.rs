@@ -1,8 +1,436 @@
-//! Placeholder until the transfer benchmark lands (owned by the transfer work).
+//! `mooncake bench transfer`: the data plane between two processes, per transport, next to the
+//! limits measured in the same run (iperf3 on loopback, single-thread memcpy).
+//!
+//! The bench starts itself again as the serving process (`--serve`, hidden), which allocates
+//! one shareable segment and prints its endpoint. This process then reads and writes that
+//! segment through each transport with 1 and N entries in flight, and prints one Markdown table.
+
+use std::io::{BufRead, BufReader, Write};
+use std::process::{Child, Command, Stdio};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use anyhow::{bail, Context};
+use mooncake_transfer::{
+    Batch, Endpoint, MemoryHandle, SegmentOptions, TransferConfig, TransferEngine, TransferRequest,
+    TransportMode,
+};
 
 #[derive(Debug, clap::Args)]
-pub struct Args {}
+pub struct Args {
+    /// Seconds each case runs (after a short warm-up).
+    #[arg(long, default_value_t = 0.5)]
+    seconds: f64,
+    /// Transfer sizes (units accepted: 4KiB, 1MiB...).
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB,1MiB,16MiB")]
+    sizes: Vec<String>,
+    /// Transports to measure: tcp, shm.
+    #[arg(long, value_delimiter = ',', default_value = "tcp,shm")]
+    transports: Vec<String>,
+    /// TCP connections per peer to measure (compared with iperf3 -P of the same count).
+    #[arg(long, value_delimiter = ',', default_value = "1,2")]
+    tcp_streams: Vec<usize>,
+    /// Entries in flight.
+    #[arg(long, value_delimiter = ',', default_value = "1,8")]
+    inflight: Vec<usize>,
+    /// Copy threads of the engine (shared-memory and local copies).
+    #[arg(long, default_value_t = 2)]
+    copy_threads: usize,
+    /// Seconds of each iperf3 run.
+    #[arg(long, default_value_t = 3)]
+    iperf_seconds: u64,
+    /// Internal: run as the serving process with a segment of this many bytes.
+    #[arg(long, hide = true)]
+    serve_bytes: Option<usize>,
+}
 
-pub fn run(_args: Args) -> anyhow::Result<()> {
-    anyhow::bail!("the transfer benchmark is not built yet")
+const MB: f64 = 1e6;
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if let Some(bytes) = args.serve_bytes {
+        return serve(bytes);
+    }
+    let mut sizes = Vec::new();
+    for text in &args.sizes {
+        let size = mooncake_common::parse_size(text).with_context(|| format!("size {text:?}"))?;
+        sizes.push(usize::try_from(size)?);
+    }
+    let max_size = sizes.iter().copied().max().unwrap_or(0).max(1);
+    let max_inflight = args.inflight.iter().copied().max().unwrap_or(1).max(1);
+    let slot = max_size;
+    let region_bytes = slot * max_inflight;
+
+    let mut server = ServerProcess::spawn(region_bytes)?;
+    println!(
+        "serving process: pid {}, endpoint {}",
+        server.child.id(),
+        server.endpoint
+    );
+    println!("(MB = 10^6 bytes; latency = submit to completion of one entry)\n");
+
+    let iperf: Vec<(usize, Option<f64>)> = args
+        .tcp_streams
+        .iter()
+        .map(|&streams| (streams, iperf3_mb_s(streams, args.iperf_seconds)))
+        .collect();
+    // The memcpy limit of each case copies the same sizes over the same working set (one slot
+    // per entry in flight), so cache effects are the same on both sides of the ratio.
+    let mut memcpy: Vec<(usize, usize, f64)> = Vec::new();
+    for &inflight in &args.inflight {
+        for &size in &sizes {
+            memcpy.push((
+                size,
+                inflight,
+                memcpy_mb_s(size, inflight, slot, args.seconds),
+            ));
+        }
+    }
+
+    let mut rows = Vec::new();
+    for transport in &args.transports {
+        let configs: Vec<(String, TransportMode, usize)> = match transport.as_str() {
+            "tcp" => args
+                .tcp_streams
+                .iter()
+                .map(|&n| (format!("tcp ({n} conn)"), TransportMode::Tcp, n))
+                .collect(),
+            "shm" => vec![(
+                format!("shm ({} copy thr)", args.copy_threads),
+                TransportMode::Shm,
+                1,
+            )],
+            other => bail!("unknown transport {other:?} (tcp, shm)"),
+        };
+        for (label, mode, streams) in configs {
+            let engine = TransferEngine::start(TransferConfig {
+                transport: mode,
+                connections_per_peer: streams,
+                copy_threads: args.copy_threads,
+                enable_shm_server: false,
+                ..TransferConfig::default()
+            })?;
+            let local = engine.allocate_local_buffer(region_bytes)?;
+            local.write_at(0, &vec![0xa5; region_bytes])?; // fault every page in up front
+            for &inflight in &args.inflight {
+                for &size in &sizes {
+                    for write in [false, true] {
+                        let case = Case {
+                            size,
+                            inflight,
+                            write,
+                            slot,
+                        };
+                        let result = case.run(&engine, &local, &server, args.seconds)?;
+                        let limit = if mode == TransportMode::Tcp {
+                            iperf
+                                .iter()
+                                .find(|(n, _)| *n == streams)
+                                .and_then(|(_, v)| *v)
+                        } else {
+                            memcpy
+                                .iter()
+                                .find(|(s, n, _)| *s == size && *n == inflight)
+                                .map(|(_, _, v)| *v)
+                        };
+                        rows.push((label.clone(), case, result, limit));
+                    }
+                }
+            }
+        }
+    }
+    server.stop();
+
+    println!("### Limits measured in this run\n");
+    println!("| limit | MB/s |");
+    println!("|---|---:|");
+    for (streams, value) in &iperf {
+        match value {
+            Some(v) => println!("| iperf3 loopback, {streams} stream(s) | {v:.0} |"),
+            None => println!("| iperf3 loopback, {streams} stream(s) | iperf3 not installed or failed: no TCP limit |"),
+        }
+    }
+    for (size, inflight, value) in &memcpy {
+        println!(
+            "| memcpy 1 thread, {} over {inflight} slot(s) | {value:.0} |",
+            mooncake_common::format_size(*size as u64)
+        );
+    }
+    println!("\n### Transfers between two processes\n");
+    println!(
+        "| transport | op | size | in flight | MB/s | p50 µs | p99 µs | limit MB/s | % of limit |"
+    );
+    println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
+    for (label, case, result, limit) in &rows {
+        let (limit_text, ratio) = match limit {
+            Some(l) => (
+                format!("{l:.0}"),
+                format!("{:.0}%", 100.0 * result.mb_s / l),
+            ),
+            None => ("n/a".into(), "n/a".into()),
+        };
+        println!(
+            "| {label} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {limit_text} | {ratio} |",
+            if case.write { "write" } else { "read" },
+            mooncake_common::format_size(case.size as u64),
+            case.inflight,
+            result.mb_s,
+            result.p50_us,
+            result.p99_us,
+        );
+    }
+    Ok(())
+}
+
+/// The serving side: one shareable segment, endpoint on stdout, serve until stdin closes.
+fn serve(bytes: usize) -> anyhow::Result<()> {
+    let engine = TransferEngine::start(TransferConfig::default())?;
+    let segment = engine.allocate_segment(bytes, SegmentOptions::default())?;
+    // Touch every page so the first measured transfers do not pay for page faults.
+    segment.write_at(0, &vec![0x5a; bytes])?;
+    let mut out = std::io::stdout().lock();
+    writeln!(out, "READY {} {}", engine.endpoint(), segment.id())?;
+    out.flush()?;
+    drop(out);
+    for line in std::io::stdin().lock().lines() {
+        if line.is_err() {
+            break;
+        }
+    }
+    Ok(())
+}
+
+struct ServerProcess {
+    child: Child,
+    endpoint: Arc<Endpoint>,
+    segment_id: u64,
+}
+
+impl ServerProcess {
+    fn spawn(bytes: usize) -> anyhow::Result<ServerProcess> {
+        let exe = std::env::current_exe()?;
+        let mut child = Command::new(exe)
+            .args(["bench", "transfer", "--serve-bytes", &bytes.to_string()])
+            .stdin(Stdio::piped())
+            .stdout(Stdio::piped())
+            .spawn()
+            .context("start the serving process")?;
+        let stdout = child.stdout.take().context("child stdout")?;
+        let mut line = String::new();
+        BufReader::new(stdout).read_line(&mut line)?;
+        let mut parts = line.split_whitespace();
+        if parts.next() != Some("READY") {
+            let _ = child.kill();
+            bail!("serving process said {line:?}");
+        }
+        let endpoint = Arc::new(Endpoint::parse(parts.next().context("endpoint")?)?);
+        let segment_id = parts.next().context("segment id")?.parse()?;
+        Ok(ServerProcess {
+            child,
+            endpoint,
+            segment_id,
+        })
+    }
+
+    fn stop(&mut self) {
+        drop(self.child.stdin.take());
+        let deadline = Instant::now() + Duration::from_secs(5);
+        while Instant::now() < deadline {
+            if let Ok(Some(_)) = self.child.try_wait() {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(10));
+        }
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for ServerProcess {
+    fn drop(&mut self) {
+        if let Ok(None) = self.child.try_wait() {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Case {
+    size: usize,
+    inflight: usize,
+    write: bool,
+    slot: usize,
+}
+
+#[derive(Debug)]
+struct CaseResult {
+    mb_s: f64,
+    p50_us: f64,
+    p99_us: f64,
+}
+
+impl Case {
+    fn request(&self, local: &MemoryHandle, server: &ServerProcess, k: usize) -> TransferRequest {
+        let offset = (k % self.inflight) * self.slot;
+        let ptr = local.as_ptr().wrapping_add(offset);
+        if self.write {
+            TransferRequest::write(
+                ptr,
+                self.size as u64,
+                &server.endpoint,
+                server.segment_id,
+                offset as u64,
+            )
+        } else {
+            TransferRequest::read(
+                ptr,
+                self.size as u64,
+                &server.endpoint,
+                server.segment_id,
+                offset as u64,
+            )
+        }
+    }
+
+    /// Keeps `inflight` single-entry batches outstanding for `seconds`.
+    fn run(
+        &self,
+        engine: &TransferEngine,
+        local: &MemoryHandle,
+        server: &ServerProcess,
+        seconds: f64,
+    ) -> anyhow::Result<CaseResult> {
+        let warmup = Duration::from_secs_f64((seconds / 5.0).min(0.2));
+        let measure = Duration::from_secs_f64(seconds);
+        let mut window: std::collections::VecDeque<(Instant, Batch)> = Default::default();
+        let mut latencies_us = Vec::new();
+        let mut k = 0usize;
+        let started = Instant::now();
+        let mut measuring_since: Option<Instant> = None;
+        let mut measured_ops = 0usize;
+        loop {
+            while window.len() < self.inflight {
+                let request = self.request(local, server, k);
+                let submitted = Instant::now();
+                let batch = engine.submit(&[request]);
+                window.push_back((submitted, batch));
+                k += 1;
+            }
+            let Some((submitted, batch)) = window.pop_front() else {
+                break;
+            };
+            let results = batch.wait();
+            let done = Instant::now();
+            if let Some(Err(err)) = results.into_iter().next() {
+                bail!("transfer failed: {err}");
+            }
+            match measuring_since {
+                // Warm up for a while and over every slot twice (page faults, connections).
+                None if started.elapsed() >= warmup && k >= 2 * self.inflight => {
+                    // Start measuring from an empty pipeline boundary-free point.
+                    measuring_since = Some(done);
+                }
+                Some(since) => {
+                    latencies_us.push((done - submitted).as_secs_f64() * 1e6);
+                    measured_ops += 1;
+                    if done - since >= measure && measured_ops >= 4 {
+                        let elapsed = (done - since).as_secs_f64();
+                        // Drain the window so the next case starts clean.
+                        for (_, batch) in window.drain(..) {
+                            batch.wait();
+                        }
+                        latencies_us.sort_by(f64::total_cmp);
+                        let pct = |p: f64| {
+                            let i =
+                                ((latencies_us.len() as f64 * p).ceil() as usize).saturating_sub(1);
+                            latencies_us[i.min(latencies_us.len() - 1)]
+                        };
+                        return Ok(CaseResult {
+                            mb_s: (measured_ops * self.size) as f64 / elapsed / MB,
+                            p50_us: pct(0.50),
+                            p99_us: pct(0.99),
+                        });
+                    }
+                }
+                None => {}
+            }
+        }
+        bail!("case produced no measurement")
+    }
+}
+
+/// Single-thread memcpy bandwidth for `size`-byte copies rotating over `slots` slots of
+/// `slot_bytes` (the working set of a case with `slots` entries in flight), pre-touched.
+fn memcpy_mb_s(size: usize, slots: usize, slot_bytes: usize, seconds: f64) -> f64 {
+    let slots = slots.max(1);
+    let src = vec![0x11u8; slot_bytes * slots];
+    let mut dst = vec![0x22u8; slot_bytes * slots];
+    let started = Instant::now();
+    let mut copies = 0usize;
+    while started.elapsed().as_secs_f64() < seconds || copies < 4 {
+        let at = (copies % slots) * slot_bytes;
+        dst[at..at + size].copy_from_slice(&src[at..at + size]);
+        std::hint::black_box(&mut dst);
+        copies += 1;
+    }
+    (copies * size) as f64 / started.elapsed().as_secs_f64() / MB
+}
+
+/// iperf3 on 127.0.0.1 with `streams` parallel streams, in MB/s; `None` when iperf3 is absent
+/// or fails (said on stderr).
+fn iperf3_mb_s(streams: usize, seconds: u64) -> Option<f64> {
+    let port = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
+        listener.local_addr().ok()?.port()
+    };
+    let server = Command::new("iperf3")
+        .args(["-s", "-1", "-B", "127.0.0.1", "-p", &port.to_string()])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .spawn();
+    let mut server = match server {
+        Ok(child) => child,
+        Err(err) => {
+            eprintln!("iperf3 is not available ({err}); install it (apt-get install iperf3) for the TCP limit");
+            return None;
+        }
+    };
+    let mut output = None;
+    for _ in 0..50 {
+        std::thread::sleep(Duration::from_millis(100));
+        let run = Command::new("iperf3")
+            .args([
+                "-c",
+                "127.0.0.1",
+                "-p",
+                &port.to_string(),
+                "-t",
+                &seconds.to_string(),
+                "-P",
+                &streams.to_string(),
+                "-J",
+            ])
+            .output();
+        match run {
+            Ok(out) if out.status.success() => {
+                output = Some(out.stdout);
+                break;
+            }
+            _ => continue, // server not listening yet
+        }
+    }
+    let _ = server.kill();
+    let _ = server.wait();
+    let json = String::from_utf8(output?).ok()?;
+    // `end.sum_received.bits_per_second`, found without a JSON dependency.
+    let at = json.find("\"sum_received\"")?;
+    let rest = &json[at..];
+    let bps_at = rest.find("\"bits_per_second\"")?;
+    let number: String = rest[bps_at + "\"bits_per_second\"".len()..]
+        .chars()
+        .skip_while(|c| *c == ':' || c.is_whitespace())
+        .take_while(|c| c.is_ascii_digit() || *c == '.' || *c == 'e' || *c == 'E' || *c == '+')
+        .collect();
+    let bits_per_second: f64 = number.parse().ok()?;
+    Some(bits_per_second / 8.0 / MB)
 }

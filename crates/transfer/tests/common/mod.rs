@@ -86,6 +86,26 @@ impl PeerProcess {
         // SAFETY: kill(2) on our own child's pid.
         unsafe { libc::kill(self.child.id() as i32, signal) };
     }
+
+    /// SIGSTOP, then waits (bounded) until the kernel reports the process stopped.
+    pub fn freeze(&self) {
+        self.signal(libc::SIGSTOP);
+        let stat = format!("/proc/{}/stat", self.child.id());
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while std::time::Instant::now() < deadline {
+            let text = std::fs::read_to_string(&stat).unwrap_or_default();
+            // Field 3, after the parenthesised command name, is the state.
+            let state = text
+                .rsplit(')')
+                .next()
+                .and_then(|rest| rest.split_whitespace().next());
+            if state == Some("T") {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(1));
+        }
+        panic!("peer did not stop");
+    }
 }
 
 impl Drop for PeerProcess {
