@@ -42,6 +42,8 @@ pub struct RecoveryReport {
     /// Checkpoint entries or post-checkpoint headers whose record failed verification
     /// (torn, checksum mismatch, key mismatch, out of range): dropped, space freed.
     pub dropped_corrupt: u64,
+    /// Checkpoint entries whose record lies past the end of a data file found truncated.
+    pub truncated: u64,
     /// Checkpoint entries whose header block is zero: removed, evicted or replaced after the
     /// checkpoint (removal zeroes the header). Not corruption.
     pub retired: u64,
@@ -51,7 +53,7 @@ pub struct RecoveryReport {
     pub scanned_bytes: u64,
     /// Bytes the data file was shorter than its header says (re-extended with zeros).
     pub missing_tail_bytes: u64,
-    /// `(key, reason)` of the first dropped records whose key could be read.
+    /// `(key, reason)` of the first dropped (corrupt or truncated) records whose key is known.
     pub dropped: Vec<(String, String)>,
 }
 
@@ -255,6 +257,24 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
                     .is_none_or(|&(s, l)| s + l < e.offset / BLOCK_BYTES);
             if !placed {
                 recover.drop_record(&e.key, "checkpoint entry out of range or overlapping");
+                continue;
+            }
+            // Last byte recovery needs: the value's, or the key's for an empty value.
+            let needed_end = if e.value_len == 0 {
+                e.offset + format::RECORD_HEADER_BYTES as u64 + e.key.len() as u64
+            } else {
+                e.offset + format::head_blocks(e.key.len() as u64) * BLOCK_BYTES + e.value_len
+            };
+            if needed_end > len {
+                // The file was cut short under this record. It may have been live or retired
+                // (its header is gone either way): counted apart from detected corruption.
+                recover.report.truncated += 1;
+                if recover.report.dropped.len() < MAX_REPORTED_DROPS {
+                    recover.report.dropped.push((
+                        e.key.clone(),
+                        "record lies past the end of the truncated file".into(),
+                    ));
+                }
                 continue;
             }
             if recover.header_is_zero(e.offset) {
