@@ -260,7 +260,8 @@ impl MasterService {
     }
 
     /// ClearInvalidHandles: walks every shard, erasing COMPLETE replicas whose segment is gone and
-    /// every object left without a valid replica. Returns the number of objects erased.
+    /// every object left without a valid replica, then drops discarded buffers of dead segments.
+    /// Returns the number of objects erased.
     pub(crate) fn clear_invalid_handles(&self) -> usize {
         let mut erased = 0;
         for i in 0..SHARD_COUNT {
@@ -276,6 +277,12 @@ impl MasterService {
             }
             shard.others.retain(|_, s| s.len() > 0);
         }
+        // Discarded buffers on dead segments hold nothing any more.
+        let mut discarded = self.discarded.lock();
+        for d in discarded.iter_mut() {
+            d.replicas.retain(Replica::is_valid);
+        }
+        discarded.retain(|d| !d.replicas.is_empty());
         erased
     }
 
