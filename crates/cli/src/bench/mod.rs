@@ -1,5 +1,6 @@
 //! `mooncake bench …`: one module per benchmark family.
 
+mod master;
 pub mod pingpong;
 mod storage;
 mod transfer;
@@ -8,6 +9,8 @@ use clap::Subcommand;
 
 #[derive(Debug, Subcommand)]
 pub enum BenchCommand {
+    /// Master RPC over TCP: latency next to the ping-pong floor, throughput 1–64 in flight.
+    Master(master::Args),
     /// Data plane: MB/s and latency per transport next to iperf3 and memcpy.
     Transfer(transfer::Args),
     /// SSD tier: MB/s and ops/s per backend and durability policy next to raw file throughput.
@@ -32,6 +35,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Transfer(args) => transfer::run(args),
         BenchCommand::Storage(args) => storage::run(args),
+        BenchCommand::Master(args) => master::run(args),
         BenchCommand::Pingpong { spin, iterations } => {
             let latency = pingpong::measure(spin, iterations)?;
             let mode = if spin { "spinning" } else { "blocking" };
