@@ -62,3 +62,24 @@ impl Rng {
         self.next_u64() % n.max(1)
     }
 }
+
+/// Drops the page cache of every regular file under `dir` (fdatasync, then
+/// `posix_fadvise(DONTNEED)`), so that the next reads come from the device. For benchmarks.
+pub fn drop_page_cache(dir: &std::path::Path) -> std::io::Result<()> {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for e in std::fs::read_dir(&d)? {
+            let e = e?;
+            let t = e.file_type()?;
+            if t.is_dir() {
+                stack.push(e.path());
+            } else if t.is_file() {
+                let f = std::fs::File::open(e.path())?;
+                f.sync_data()?;
+                rustix::fs::fadvise(&f, 0, None, rustix::fs::Advice::DontNeed)
+                    .map_err(std::io::Error::from)?;
+            }
+        }
+    }
+    Ok(())
+}
