@@ -318,6 +318,18 @@ mod tests {
         }
 
         #[test]
+        fn decode_never_panics_past_a_valid_prefix(kind in proptest::sample::select(vec![1u8, 2, 0x81, 0x82, 3, 0]), rest in proptest::collection::vec(proptest::num::u8::ANY, 42..60)) {
+            // Valid magic/version so the decoder reaches the later fields.
+            let mut bytes = b"MCTX\x01".to_vec();
+            bytes.push(kind);
+            bytes.extend_from_slice(&rest);
+            if let Ok(header) = Header::decode(&bytes) {
+                proptest::prop_assert_eq!(&header.encode()[..], &bytes[..HEADER_BYTES]);
+                proptest::prop_assert!(header.offset.checked_add(header.length).is_some());
+            }
+        }
+
+        #[test]
         fn valid_headers_round_trip(kind in 0usize..4, id: u64, seg: u64, offset in 0u64..u64::MAX / 2, length in 0..=MAX_PAYLOAD_BYTES) {
             let kind = [Kind::ReadRequest, Kind::WriteRequest, Kind::ReadResponse, Kind::WriteResponse][kind];
             let header = Header { kind, status: ErrorCode::OK, request_id: id, segment_id: seg, offset, length };

@@ -138,7 +138,10 @@ fn frozen_peer_makes_entries_time_out_instead_of_hanging() {
     let local = client.allocate_local_buffer(MIB).unwrap();
     // Warm the pool so the connection exists, then freeze the peer.
     let read = TransferRequest::read(local.as_ptr(), 4096, &frozen.endpoint, frozen.segment_id, 0);
-    assert_eq!(client.transfer_sync(&[read.clone()]), vec![Ok(())]);
+    assert_eq!(
+        client.transfer_sync(std::slice::from_ref(&read)),
+        vec![Ok(())]
+    );
     frozen.freeze();
     let t = Instant::now();
     let results = client
