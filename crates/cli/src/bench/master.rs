@@ -348,5 +348,6 @@ async fn setup(addr: SocketAddr, keys: usize, config: ClientConfig) -> anyhow::R
         client,
         keys: names,
         prefix: format!("put-{}", client),
+        next_put: std::cell::Cell::new(0),
     })
 }
