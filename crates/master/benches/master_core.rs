@@ -173,7 +173,10 @@ fn main() {
         return;
     }
     let full = args.iter().any(|a| a == "--bench");
-    let objects = env_usize("MASTER_BENCH_OBJECTS", if full { 1_000_000 } else { 10_000 });
+    let objects = env_usize(
+        "MASTER_BENCH_OBJECTS",
+        if full { 1_000_000 } else { 10_000 },
+    );
     let read_ops = env_usize("MASTER_BENCH_OPS", if full { 2_000_000 } else { 10_000 });
     let put_ops = (objects / 4).max(1);
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
