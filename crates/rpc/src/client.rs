@@ -77,9 +77,19 @@ impl Default for ClientConfig {
 
 type Reply = Result<(FrameKind, Bytes), RpcError>;
 
+/// Frames waiting to be written. Whoever finds `flushing` false becomes the flusher and writes
+/// everything queued (its own frame and those appended meanwhile) in as few syscalls as possible;
+/// the others only append. Sequential calls pay one write each; pipelined bursts share writes.
+#[derive(Debug, Default)]
+struct Outbox {
+    buf: BytesMut,
+    flushing: bool,
+}
+
 #[derive(Debug)]
 struct Connection {
     writer: tokio::sync::Mutex<OwnedWriteHalf>,
+    outbox: Mutex<Outbox>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
     alive: AtomicBool,
 }
@@ -99,7 +109,9 @@ impl Connection {
 pub struct RpcClient {
     addr: SocketAddr,
     config: ClientConfig,
-    connection: tokio::sync::Mutex<Option<Arc<Connection>>>,
+    connection: Mutex<Option<Arc<Connection>>>,
+    /// Serializes reconnection attempts (the fast path above never awaits).
+    connect_lock: tokio::sync::Mutex<()>,
     next_request_id: AtomicU64,
 }
 
@@ -109,7 +121,8 @@ impl RpcClient {
         RpcClient {
             addr,
             config,
-            connection: tokio::sync::Mutex::new(None),
+            connection: Mutex::new(None),
+            connect_lock: tokio::sync::Mutex::new(()),
             next_request_id: AtomicU64::new(1),
         }
     }
@@ -124,12 +137,21 @@ impl RpcClient {
         self.live_connection().await.map(|_| ())
     }
 
+    fn current_connection(&self) -> Option<Arc<Connection>> {
+        self.connection
+            .lock()
+            .as_ref()
+            .filter(|c| c.alive.load(Ordering::Acquire))
+            .cloned()
+    }
+
     async fn live_connection(&self) -> Result<Arc<Connection>, RpcError> {
-        let mut slot = self.connection.lock().await;
-        if let Some(connection) = slot.as_ref() {
-            if connection.alive.load(Ordering::Acquire) {
-                return Ok(connection.clone());
-            }
+        if let Some(connection) = self.current_connection() {
+            return Ok(connection);
+        }
+        let _connecting = self.connect_lock.lock().await;
+        if let Some(connection) = self.current_connection() {
+            return Ok(connection);
         }
         let connect_error = |message: String| RpcError::Connect {
             addr: self.addr,
@@ -144,6 +166,7 @@ impl RpcClient {
         let (reader, writer) = stream.into_split();
         let connection = Arc::new(Connection {
             writer: tokio::sync::Mutex::new(writer),
+            outbox: Mutex::new(Outbox::default()),
             pending: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
         });
@@ -153,7 +176,7 @@ impl RpcClient {
             FrameDecoder::new(self.config.max_frame_bytes),
             self.config.busy_poll,
         ));
-        *slot = Some(connection.clone());
+        *self.connection.lock() = Some(connection.clone());
         Ok(connection)
     }
 
@@ -169,29 +192,30 @@ impl RpcClient {
         }
         let connection = self.live_connection().await?;
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-        let mut frame = BytesMut::with_capacity(len);
         let header = FrameHeader {
             kind: FrameKind::Request,
             method,
             request_id,
         };
-        encode_frame(&mut frame, header, body);
-
         let (tx, mut rx) = oneshot::channel();
         connection.pending.lock().insert(request_id, tx);
-        let written = {
-            let mut writer = connection.writer.lock().await;
-            // If this future is dropped mid-write, the stream holds half a frame: the guard then
-            // retires the connection so the next call starts on a fresh one.
-            let guard = RetireOnDrop(&connection);
-            let result = writer.write_all(&frame).await;
-            std::mem::forget(guard);
-            result
-        };
-        if let Err(error) = written {
+        // `fail_all` clears `alive` before draining `pending`: checking after inserting means a
+        // call racing with a failure is either drained (and told) or sees the failure here.
+        if !connection.alive.load(Ordering::Acquire) {
             connection.pending.lock().remove(&request_id);
-            connection.fail_all(&error.to_string());
-            return Err(RpcError::Disconnected(error.to_string()));
+            return Err(RpcError::Disconnected("connection failed".to_string()));
+        }
+        let must_flush = {
+            let mut outbox = connection.outbox.lock();
+            encode_frame(&mut outbox.buf, header, body);
+            !std::mem::replace(&mut outbox.flushing, true)
+        };
+        if must_flush {
+            if let Err(error) = flush(&connection).await {
+                connection.pending.lock().remove(&request_id);
+                connection.fail_all(&error.to_string());
+                return Err(RpcError::Disconnected(error.to_string()));
+            }
         }
 
         if let Some(budget) = self.config.busy_poll {
@@ -212,6 +236,28 @@ impl RpcClient {
             }
         }
     }
+}
+
+/// Writes everything in the outbox, including frames appended while writing, then clears the
+/// `flushing` flag.
+async fn flush(connection: &Connection) -> std::io::Result<()> {
+    // If this future is dropped mid-write, the stream may hold half a frame and `flushing` stays
+    // set: the guard then retires the connection so the next call starts on a fresh one.
+    let guard = RetireOnDrop(connection);
+    let mut writer = connection.writer.lock().await;
+    loop {
+        let chunk = {
+            let mut outbox = connection.outbox.lock();
+            if outbox.buf.is_empty() {
+                outbox.flushing = false;
+                break;
+            }
+            outbox.buf.split()
+        };
+        writer.write_all(&chunk).await?;
+    }
+    std::mem::forget(guard);
+    Ok(())
 }
 
 struct RetireOnDrop<'a>(&'a Connection);
