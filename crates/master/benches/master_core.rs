@@ -1,7 +1,8 @@
 //! In-process benchmark of the master core (`cargo bench -p mooncake-master`).
 //!
-//! Prints ops/s for PutStart+PutEnd, GetReplicaList, BatchGetReplicaList(128), ExistKey with 1
-//! and 2 threads, next to a peer measured in the same run: a naive `RwLock<HashMap<String,
+//! Prints ops/s (median of 5 rounds, alternating with the peer) for PutStart+PutEnd,
+//! GetReplicaList, BatchGetReplicaList(128), ExistKey with 1 and 2 threads, next to a peer
+//! measured in the same run: a naive `RwLock<HashMap<String,
 //! Vec<ReplicaDescriptor>>>` doing the same map work (one global lock, descriptors cloned on read).
 //! Then the heap bytes per object for 1,000,000 objects (16-byte keys, one memory replica),
 //! counted by a counting global allocator (requested bytes) and, for comparison, the RSS delta.
@@ -54,6 +55,8 @@ unsafe impl GlobalAlloc for Counting {
 static GLOBAL: Counting = Counting;
 
 const VALUE_SIZE: u64 = 4096;
+const ROUNDS: usize = 5;
+const HOT_KEYS: usize = 4096;
 const BATCH: usize = 128;
 const CLIENT: ClientId = ClientId::new(7, 7);
 
@@ -156,6 +159,11 @@ impl NaivePeer {
     }
 }
 
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
 fn fmt_rate(r: f64) -> String {
     if r >= 1e6 {
         format!("{:.2} M/s", r / 1e6)
@@ -209,145 +217,139 @@ fn main() {
             / objects as f64;
 
     // ----- throughput -------------------------------------------------------------------
+    // Each case runs ROUNDS times, alternating master core and peer, and reports each side's
+    // median: on a shared, noisy machine this keeps load drift from biasing the ratio.
     let mut rows: Vec<(String, usize, f64, f64)> = Vec::new();
     let cfg = ReplicateConfig::default();
+    let rounds = if full { ROUNDS } else { 1 };
+    let per_round = (read_ops / rounds).max(1);
+    let puts_per_round = (put_ops / rounds).max(1);
+    let hot = objects.min(HOT_KEYS);
     for threads in [1usize, 2] {
+        let mut case =
+            |name: String, ours: &dyn Fn(usize) -> f64, theirs: &dyn Fn(usize) -> f64| {
+                let (mut a, mut b) = (Vec::new(), Vec::new());
+                for r in 0..rounds {
+                    a.push(ours(r));
+                    b.push(theirs(r));
+                }
+                rows.push((name, threads, median(&mut a), median(&mut b)));
+            };
         // PutStart + PutEnd on fresh keys (a put = both calls).
-        let ours = run_threads(threads, |t| {
-            for i in 0..put_ops {
-                let k = format!("put-{threads}-{t}-{i:08}");
-                m.put_start(CLIENT, &k, VALUE_SIZE, &cfg, "")
-                    .expect("put_start");
-                m.put_end(CLIENT, &ObjectMeta::new(k), ReplicaType::ALL, "")
-                    .expect("put_end");
-            }
-            put_ops
-        });
-        let theirs = run_threads(threads, |t| {
-            for i in 0..put_ops {
-                let k = format!("put-{threads}-{t}-{i:08}");
-                black_box(peer.put(&k, i));
-            }
-            put_ops
-        });
-        rows.push(("PutStart+PutEnd".into(), threads, ours, theirs));
-
-        let ours = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64);
-            for _ in 0..read_ops {
-                let r = m.get_replica_list(&keys[rng.usize(..objects)], "");
-                black_box(r.expect("present"));
-            }
-            read_ops
-        });
-        let theirs = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64);
-            for _ in 0..read_ops {
-                black_box(peer.get(&keys[rng.usize(..objects)]).expect("present"));
-            }
-            read_ops
-        });
-        rows.push(("GetReplicaList".into(), threads, ours, theirs));
-
-        let batches = (read_ops / BATCH / 2).max(1);
-        let ours = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 100);
-            let batch: Vec<Vec<String>> = (0..64)
-                .map(|_| {
-                    (0..BATCH)
-                        .map(|_| keys[rng.usize(..objects)].clone())
-                        .collect()
+        case(
+            "PutStart+PutEnd".into(),
+            &|r| {
+                run_threads(threads, |t| {
+                    for i in 0..puts_per_round {
+                        let k = format!("put-{threads}-{r}-{t}-{i:08}");
+                        m.put_start(CLIENT, &k, VALUE_SIZE, &cfg, "")
+                            .expect("put_start");
+                        m.put_end(CLIENT, &ObjectMeta::new(k), ReplicaType::ALL, "")
+                            .expect("put_end");
+                    }
+                    puts_per_round
                 })
-                .collect();
-            for b in 0..batches {
-                let r = m.batch_get_replica_list(&batch[b % batch.len()], "");
-                black_box(r);
-            }
-            batches * BATCH
-        });
-        let theirs = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 100);
-            let batch: Vec<Vec<String>> = (0..64)
-                .map(|_| {
-                    (0..BATCH)
-                        .map(|_| keys[rng.usize(..objects)].clone())
-                        .collect()
+            },
+            &|r| {
+                run_threads(threads, |t| {
+                    for i in 0..puts_per_round {
+                        let k = format!("put-{threads}-{r}-{t}-{i:08}");
+                        black_box(peer.put(&k, i));
+                    }
+                    puts_per_round
                 })
-                .collect();
-            for b in 0..batches {
-                let map = peer.map.read().expect("lock");
-                let r: Vec<_> = batch[b % batch.len()]
-                    .iter()
-                    .map(|k| map.get(k).cloned())
-                    .collect();
-                black_box(r);
+            },
+        );
+        for (label, range) in [("", objects), ("hot ", hot)] {
+            let suffix = if label.is_empty() {
+                String::new()
+            } else {
+                format!(", hot {hot} keys")
+            };
+            case(
+                format!("GetReplicaList{suffix}"),
+                &|r| {
+                    run_threads(threads, |t| {
+                        let mut rng = fastrand::Rng::with_seed((r * 16 + t) as u64);
+                        for _ in 0..per_round {
+                            let got = m.get_replica_list(&keys[rng.usize(..range)], "");
+                            black_box(got.expect("present"));
+                        }
+                        per_round
+                    })
+                },
+                &|r| {
+                    run_threads(threads, |t| {
+                        let mut rng = fastrand::Rng::with_seed((r * 16 + t) as u64);
+                        for _ in 0..per_round {
+                            black_box(peer.get(&keys[rng.usize(..range)]).expect("present"));
+                        }
+                        per_round
+                    })
+                },
+            );
+            case(
+                format!("ExistKey{suffix}"),
+                &|r| {
+                    run_threads(threads, |t| {
+                        let mut rng = fastrand::Rng::with_seed((r * 16 + t + 8) as u64);
+                        for _ in 0..per_round {
+                            black_box(m.exist_key(&keys[rng.usize(..range)], "").expect("ok"));
+                        }
+                        per_round
+                    })
+                },
+                &|r| {
+                    run_threads(threads, |t| {
+                        let mut rng = fastrand::Rng::with_seed((r * 16 + t + 8) as u64);
+                        for _ in 0..per_round {
+                            black_box(peer.exist(&keys[rng.usize(..range)]));
+                        }
+                        per_round
+                    })
+                },
+            );
+            if !label.is_empty() {
+                continue;
             }
-            batches * BATCH
-        });
-        rows.push((
-            format!("BatchGetReplicaList({BATCH}) keys"),
-            threads,
-            ours,
-            theirs,
-        ));
-
-        let ours = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 200);
-            for _ in 0..read_ops {
-                black_box(m.exist_key(&keys[rng.usize(..objects)], "").expect("ok"));
-            }
-            read_ops
-        });
-        let theirs = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 200);
-            for _ in 0..read_ops {
-                black_box(peer.exist(&keys[rng.usize(..objects)]));
-            }
-            read_ops
-        });
-        rows.push(("ExistKey".into(), threads, ours, theirs));
-
-        // The same reads over a hot set of 4096 keys (cache-resident): the CPU cost without
-        // the memory-latency cost of uniform random access over 1M objects.
-        let hot = objects.min(4096);
-        let ours = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 300);
-            for _ in 0..read_ops {
-                black_box(
-                    m.get_replica_list(&keys[rng.usize(..hot)], "")
-                        .expect("present"),
-                );
-            }
-            read_ops
-        });
-        let theirs = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 300);
-            for _ in 0..read_ops {
-                black_box(peer.get(&keys[rng.usize(..hot)]).expect("present"));
-            }
-            read_ops
-        });
-        rows.push((
-            format!("GetReplicaList, hot {hot} keys"),
-            threads,
-            ours,
-            theirs,
-        ));
-        let ours = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 400);
-            for _ in 0..read_ops {
-                black_box(m.exist_key(&keys[rng.usize(..hot)], "").expect("ok"));
-            }
-            read_ops
-        });
-        let theirs = run_threads(threads, |t| {
-            let mut rng = fastrand::Rng::with_seed(t as u64 + 400);
-            for _ in 0..read_ops {
-                black_box(peer.exist(&keys[rng.usize(..hot)]));
-            }
-            read_ops
-        });
-        rows.push((format!("ExistKey, hot {hot} keys"), threads, ours, theirs));
+            let batches = (per_round / BATCH).max(1);
+            let make_batches = |seed: u64| -> Vec<Vec<String>> {
+                let mut rng = fastrand::Rng::with_seed(seed);
+                (0..64)
+                    .map(|_| {
+                        (0..BATCH)
+                            .map(|_| keys[rng.usize(..objects)].clone())
+                            .collect()
+                    })
+                    .collect()
+            };
+            case(
+                format!("BatchGetReplicaList({BATCH}), keys/s"),
+                &|r| {
+                    run_threads(threads, |t| {
+                        let batch = make_batches((r * 16 + t + 100) as u64);
+                        for b in 0..batches {
+                            black_box(m.batch_get_replica_list(&batch[b % batch.len()], ""));
+                        }
+                        batches * BATCH
+                    })
+                },
+                &|r| {
+                    run_threads(threads, |t| {
+                        let batch = make_batches((r * 16 + t + 100) as u64);
+                        for b in 0..batches {
+                            let map = peer.map.read().expect("lock");
+                            let got: Vec<_> = batch[b % batch.len()]
+                                .iter()
+                                .map(|k| map.get(k).cloned())
+                                .collect();
+                            black_box(got);
+                        }
+                        batches * BATCH
+                    })
+                },
+            );
+        }
     }
 
     println!();
