@@ -83,3 +83,10 @@ pub fn drop_page_cache(dir: &std::path::Path) -> std::io::Result<()> {
     }
     Ok(())
 }
+
+/// Allocates `len` bytes of `file` on disk (`posix_fallocate`-style, no sparse holes), as `fio`
+/// lays out its files before measuring. For benchmarks.
+pub fn preallocate(file: &std::fs::File, len: u64) -> std::io::Result<()> {
+    rustix::fs::fallocate(file, rustix::fs::FallocateFlags::empty(), 0, len)
+        .map_err(std::io::Error::from)
+}

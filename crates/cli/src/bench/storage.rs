@@ -4,11 +4,16 @@
 //! same fsync cadence as the policy — none / one fdatasync per batch / one per write — then
 //! sequential reads).
 //!
+//! The raw file is preallocated (`fallocate`) before it is written, as `fio` lays out its files.
+//! Each (value size, policy) group runs `--rounds` times, raw and backends interleaved with the
+//! backend order rotated per round; the table prints medians, so one noisy round on a shared disk
+//! does not decide a ratio.
+//!
 //! Reads are cold by default: after the write phase every file of the store (and the raw file)
 //! is fdatasync'ed and dropped from the page cache with `posix_fadvise(DONTNEED)`.
 
 use anyhow::{bail, Context};
-use mooncake_storage::testkit::{drop_page_cache, fill_pattern};
+use mooncake_storage::testkit::{drop_page_cache, fill_pattern, preallocate};
 use mooncake_storage::{open_backend, BackendConfig, BackendKind, Durability, EvictionConfig};
 use std::fs::{self, File, OpenOptions};
 use std::io::{Read, Write};
@@ -38,6 +43,9 @@ pub struct Args {
     /// Directory on the disk to measure (a scratch subdirectory is created and removed).
     #[arg(long)]
     dir: Option<PathBuf>,
+    /// Repetitions of each (value size, policy) group; the table shows medians.
+    #[arg(long, default_value_t = 3)]
+    rounds: usize,
     /// Keep the page cache before reads (measures the software path instead of the device).
     #[arg(long)]
     hot_reads: bool,
@@ -123,62 +131,70 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             let mut value = vec![0u8; size];
             fill_pattern(size as u64, &mut value);
             for &policy in &policies {
-                let raw_dir = scratch.join("raw");
-                fs::create_dir_all(&raw_dir)?;
-                let (raw_w, raw_r) = raw_sequential(
-                    &raw_dir,
-                    &value,
-                    per_batch,
-                    policy,
-                    total_bytes,
-                    limit,
-                    args.hot_reads,
-                )?;
-                fs::remove_dir_all(&raw_dir)?;
-                println!(
-                    "| raw file | {} | {} | {:.0} | {:.0} | | | {:.0} | {:.0} | | |",
-                    durability_name(policy),
-                    mooncake_common::format_size(size as u64),
-                    raw_w.mb_s(),
-                    raw_w.ops_s(),
-                    raw_r.mb_s(),
-                    raw_r.ops_s()
-                );
-                for &kind in &kinds {
-                    let dir = scratch.join(kind.name());
-                    let cell = backend_cell(
-                        kind,
-                        &dir,
+                let mut raw_rounds: Vec<(Rate, Rate)> = Vec::new();
+                let mut cells: Vec<Vec<Result<(Rate, Rate), String>>> =
+                    vec![Vec::new(); kinds.len()];
+                for round in 0..args.rounds.max(1) {
+                    let raw_dir = scratch.join("raw");
+                    fs::create_dir_all(&raw_dir)?;
+                    raw_rounds.push(raw_sequential(
+                        &raw_dir,
                         &value,
                         per_batch,
                         policy,
                         total_bytes,
                         limit,
                         args.hot_reads,
-                    );
-                    let _ = fs::remove_dir_all(&dir);
-                    match cell {
-                        Ok((w, r)) => println!(
-                            "| {} | {} | {} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
-                            kind.name(),
-                            durability_name(policy),
-                            mooncake_common::format_size(size as u64),
-                            w.mb_s(),
-                            w.ops_s(),
-                            raw_w.mb_s(),
-                            w.mb_s() / raw_w.mb_s().max(1e-9),
-                            r.mb_s(),
-                            r.ops_s(),
-                            raw_r.mb_s(),
-                            r.mb_s() / raw_r.mb_s().max(1e-9),
-                        ),
-                        Err(e) => println!(
-                            "| {} | {} | {} | error: {e:#} | | | | | | | |",
-                            kind.name(),
-                            durability_name(policy),
-                            mooncake_common::format_size(size as u64)
-                        ),
+                    )?);
+                    fs::remove_dir_all(&raw_dir)?;
+                    for i in 0..kinds.len() {
+                        let k = (i + round) % kinds.len();
+                        let kind = kinds[k];
+                        let dir = scratch.join(kind.name());
+                        let cell = backend_cell(
+                            kind,
+                            &dir,
+                            &value,
+                            per_batch,
+                            policy,
+                            total_bytes,
+                            limit,
+                            args.hot_reads,
+                        );
+                        let _ = fs::remove_dir_all(&dir);
+                        cells[k].push(cell.map_err(|e| format!("{e:#}")));
                     }
+                }
+                let (raw_w, raw_r) = medians(&raw_rounds);
+                let size_text = mooncake_common::format_size(size as u64);
+                let policy_text = durability_name(policy);
+                println!(
+                    "| raw file | {policy_text} | {size_text} | {:.0} | {:.0} | | | {:.0} | {:.0} | | |",
+                    raw_w.mb_s(),
+                    raw_w.ops_s(),
+                    raw_r.mb_s(),
+                    raw_r.ops_s()
+                );
+                for (kind, results) in kinds.iter().zip(&cells) {
+                    if let Some(Err(e)) = results.iter().find(|r| r.is_err()) {
+                        println!(
+                            "| {kind} | {policy_text} | {size_text} | error: {e} | | | | | | | |"
+                        );
+                        continue;
+                    }
+                    let ok: Vec<(Rate, Rate)> = results.iter().flatten().copied().collect();
+                    let (w, r) = medians(&ok);
+                    println!(
+                        "| {kind} | {policy_text} | {size_text} | {:.0} | {:.0} | {:.0} | {:.2} | {:.0} | {:.0} | {:.0} | {:.2} |",
+                        w.mb_s(),
+                        w.ops_s(),
+                        raw_w.mb_s(),
+                        w.mb_s() / raw_w.mb_s().max(1e-9),
+                        r.mb_s(),
+                        r.ops_s(),
+                        raw_r.mb_s(),
+                        r.mb_s() / raw_r.mb_s().max(1e-9),
+                    );
                 }
             }
         }
@@ -186,6 +202,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     })();
     let _ = fs::remove_dir_all(&scratch);
     result
+}
+
+/// Median (by MB/s) of the write rates and of the read rates, taken separately.
+fn medians(rounds: &[(Rate, Rate)]) -> (Rate, Rate) {
+    let pick = |mut v: Vec<Rate>| {
+        v.sort_by(|a, b| a.mb_s().total_cmp(&b.mb_s()));
+        v.get(v.len() / 2).copied().unwrap_or_default()
+    };
+    (
+        pick(rounds.iter().map(|r| r.0).collect()),
+        pick(rounds.iter().map(|r| r.1).collect()),
+    )
 }
 
 /// Sequential writes of `value` to one file with the policy's fsync cadence, then reads.
@@ -204,6 +232,9 @@ fn raw_sequential(
         .truncate(true)
         .write(true)
         .open(&path)?;
+    let batch_bytes = (value.len() * per_batch) as u64;
+    preallocate(&f, total_bytes.div_ceil(batch_bytes) * batch_bytes)?;
+    f.sync_all()?;
     let mut w = Rate::default();
     let start = Instant::now();
     while w.bytes < total_bytes && start.elapsed() < limit {
