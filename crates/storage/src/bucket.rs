@@ -693,14 +693,17 @@ impl BucketBackend {
         }
     }
 
-    fn read_one(&self, key: &str, buf: &mut [u8]) -> Result<(u64, Loc), StorageError> {
+    fn lookup(&self, key: &str) -> Result<Loc, StorageError> {
         check_key(key, &self.config.limits)?;
-        let loc = *self
-            .index
+        self.index
             .read()
             .map
             .get(key)
-            .ok_or(StorageError::NotFound)?;
+            .copied()
+            .ok_or(StorageError::NotFound)
+    }
+
+    fn read_one(&self, key: &str, loc: Loc, buf: &mut [u8]) -> Result<u64, StorageError> {
         let file = self
             .handles
             .get_or_open(&loc.bucket, || {
@@ -757,7 +760,7 @@ impl BucketBackend {
         )
         .map_err(|e| e.unwrap_or_else(|| corrupt(record::RecordError::Truncated)))?;
         record::check_value(&header, value).map_err(corrupt)?;
-        Ok((loc.size, loc))
+        Ok(loc.size)
     }
 
     /// Drops a record whose read failed its checks, if the index still points at it.
@@ -985,16 +988,21 @@ impl StorageBackend for BucketBackend {
         }
         let mut out = Vec::with_capacity(keys.len());
         for (key, buf) in keys.iter().zip(buffers.iter_mut()) {
-            match self.read_one(key, buf) {
-                Ok((n, loc)) => {
+            let loc = match self.lookup(key) {
+                Ok(l) => l,
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
+                }
+            };
+            match self.read_one(key, loc, buf) {
+                Ok(n) => {
                     self.order.lock().touch(&loc.bucket);
                     out.push(Ok(n));
                 }
                 Err(e @ StorageError::Corrupt { .. }) => {
-                    let loc = self.index.read().map.get(*key).copied();
-                    if let Some(loc) = loc {
-                        self.drop_corrupt(key, loc);
-                    }
+                    // Dropped only if the index still points at the copy this read found broken.
+                    self.drop_corrupt(key, loc);
                     out.push(Err(e));
                 }
                 Err(e) => out.push(Err(e)),

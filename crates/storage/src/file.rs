@@ -294,14 +294,17 @@ impl FileBackend {
         self.order.lock().insert(key.to_string(), entry.size);
     }
 
-    fn read_one(&self, key: &str, buf: &mut [u8]) -> Result<u64, StorageError> {
+    fn lookup(&self, key: &str) -> Result<Entry, StorageError> {
         check_key(key, &self.config.limits)?;
-        let entry = *self
-            .index
+        self.index
             .read()
             .map
             .get(key)
-            .ok_or(StorageError::NotFound)?;
+            .copied()
+            .ok_or(StorageError::NotFound)
+    }
+
+    fn read_one(&self, key: &str, entry: Entry, buf: &mut [u8]) -> Result<u64, StorageError> {
         let path = path_of(&self.root, entry.hash, entry.slot);
         let file = match File::open(&path) {
             Ok(f) => f,
@@ -640,15 +643,18 @@ impl StorageBackend for FileBackend {
         }
         let mut out = Vec::with_capacity(keys.len());
         for (key, buf) in keys.iter().zip(buffers.iter_mut()) {
-            let r = self.read_one(key, buf);
+            let entry = match self.lookup(key) {
+                Ok(e) => e,
+                Err(e) => {
+                    out.push(Err(e));
+                    continue;
+                }
+            };
+            let r = self.read_one(key, entry, buf);
             match &r {
                 Ok(_) => self.order.lock().touch(&key.to_string()),
-                Err(StorageError::Corrupt { .. }) => {
-                    let seq = self.index.read().map.get(*key).map(|e| e.seq);
-                    if let Some(seq) = seq {
-                        self.drop_corrupt(key, seq);
-                    }
-                }
+                // Dropped only if the index still holds the copy this read found broken.
+                Err(StorageError::Corrupt { .. }) => self.drop_corrupt(key, entry.seq),
                 Err(_) => {}
             }
             out.push(r);
