@@ -68,23 +68,33 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     );
     println!("(MB = 10^6 bytes; latency = submit to completion of one entry)\n");
 
-    let iperf: Vec<(usize, Option<f64>)> = args
-        .tcp_streams
-        .iter()
-        .map(|&streams| (streams, iperf3_mb_s(streams, args.iperf_seconds)))
-        .collect();
-    // The memcpy limit of each case copies the same sizes over the same working set (one slot
-    // per entry in flight), so cache effects are the same on both sides of the ratio.
-    let mut memcpy: Vec<(usize, usize, f64)> = Vec::new();
-    for &inflight in &args.inflight {
-        for &size in &sizes {
-            memcpy.push((
-                size,
-                inflight,
-                memcpy_mb_s(size, inflight, slot, args.seconds),
-            ));
+    // TCP limit: iperf3 with the same number of streams, with its default 128 KiB writes and
+    // with 1 MiB writes, run before and after the cases; the best figure is the limit.
+    let iperf_runs = |when: &str| -> Vec<(usize, &'static str, Option<f64>)> {
+        let mut runs = Vec::new();
+        for &streams in &args.tcp_streams {
+            for (label, block) in [("default 128 KiB writes", None), ("-l 1M", Some("1M"))] {
+                let value = iperf3_mb_s(streams, block, args.iperf_seconds);
+                eprintln!("iperf3 {when}: {streams} stream(s), {label}: {value:?} MB/s");
+                runs.push((streams, label, value));
+            }
         }
-    }
+        runs
+    };
+    let mut iperf = if args.transports.iter().any(|t| t == "tcp") {
+        iperf_runs("before")
+    } else {
+        Vec::new()
+    };
+    let best_iperf = |iperf: &[(usize, &str, Option<f64>)], streams: usize| {
+        iperf
+            .iter()
+            .filter(|(n, _, _)| *n == streams)
+            .filter_map(|(_, _, v)| *v)
+            .fold(None, |best: Option<f64>, v| {
+                Some(best.map_or(v, |b| b.max(v)))
+            })
+    };
 
     let mut rows = Vec::new();
     for transport in &args.transports {
@@ -120,47 +130,54 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                             write,
                             slot,
                         };
+                        // Shared-memory limit: single-thread memcpy of the same size over the same
+                        // working set (one slot per entry in flight), measured right before the
+                        // case so both see the same machine load.
+                        let memcpy_limit = (mode != TransportMode::Tcp)
+                            .then(|| memcpy_mb_s(size, inflight, slot, args.seconds));
                         let result = case.run(&engine, &local, &server, args.seconds)?;
-                        let limit = if mode == TransportMode::Tcp {
-                            iperf
-                                .iter()
-                                .find(|(n, _)| *n == streams)
-                                .and_then(|(_, v)| *v)
-                        } else {
-                            memcpy
-                                .iter()
-                                .find(|(s, n, _)| *s == size && *n == inflight)
-                                .map(|(_, _, v)| *v)
-                        };
-                        rows.push((label.clone(), case, result, limit));
+                        rows.push((label.clone(), streams, case, result, memcpy_limit));
                     }
                 }
             }
         }
     }
     server.stop();
-
-    println!("### Limits measured in this run\n");
-    println!("| limit | MB/s |");
-    println!("|---|---:|");
-    for (streams, value) in &iperf {
-        match value {
-            Some(v) => println!("| iperf3 loopback, {streams} stream(s) | {v:.0} |"),
-            None => println!("| iperf3 loopback, {streams} stream(s) | iperf3 not installed or failed: no TCP limit |"),
-        }
+    if !iperf.is_empty() {
+        iperf.extend(iperf_runs("after"));
     }
-    for (size, inflight, value) in &memcpy {
+
+    println!(
+        "### TCP limit measured in this run (iperf3 on 127.0.0.1, before and after the cases)\n"
+    );
+    println!("| iperf3 streams | writes | MB/s before | MB/s after |");
+    println!("|---:|---|---:|---:|");
+    let half = iperf.len() / 2;
+    for i in 0..half {
+        let (streams, label, before) = iperf[i];
+        let after = iperf[half + i].2;
+        let show = |v: Option<f64>| {
+            v.map_or_else(
+                || "iperf3 absent or failed".to_string(),
+                |v| format!("{v:.0}"),
+            )
+        };
         println!(
-            "| memcpy 1 thread, {} over {inflight} slot(s) | {value:.0} |",
-            mooncake_common::format_size(*size as u64)
+            "| {streams} | {label} | {} | {} |",
+            show(before),
+            show(after)
         );
+    }
+    if args.transports.iter().any(|t| t == "tcp") && iperf.iter().all(|(_, _, v)| v.is_none()) {
+        println!("\n**iperf3 is not installed (apt-get install iperf3): TCP rows have no limit.**");
     }
     println!("\n### Transfers between two processes\n");
     println!(
         "| transport | op | size | in flight | MB/s | p50 µs | p99 µs | limit MB/s | % of limit |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (label, case, result, limit) in &rows {
+    for (label, streams, case, result, memcpy_limit) in &rows {
+        let limit = memcpy_limit.or_else(|| best_iperf(&iperf, *streams));
         let (limit_text, ratio) = match limit {
             Some(l) => (
                 format!("{l:.0}"),
@@ -178,6 +195,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             result.p99_us,
         );
     }
+    println!("\nlimit: tcp rows = best iperf3 figure above with the same stream count; shm rows = single-thread memcpy of the same size over the same working set, measured just before the row.");
     Ok(())
 }
 
@@ -376,9 +394,9 @@ fn memcpy_mb_s(size: usize, slots: usize, slot_bytes: usize, seconds: f64) -> f6
     (copies * size) as f64 / started.elapsed().as_secs_f64() / MB
 }
 
-/// iperf3 on 127.0.0.1 with `streams` parallel streams, in MB/s; `None` when iperf3 is absent
+/// iperf3 on 127.0.0.1 with `streams` parallel streams (and `-l block` if given), in MB/s; `None` when iperf3 is absent
 /// or fails (said on stderr).
-fn iperf3_mb_s(streams: usize, seconds: u64) -> Option<f64> {
+fn iperf3_mb_s(streams: usize, block: Option<&str>, seconds: u64) -> Option<f64> {
     let port = {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").ok()?;
         listener.local_addr().ok()?.port()
@@ -398,19 +416,24 @@ fn iperf3_mb_s(streams: usize, seconds: u64) -> Option<f64> {
     let mut output = None;
     for _ in 0..50 {
         std::thread::sleep(Duration::from_millis(100));
-        let run = Command::new("iperf3")
-            .args([
-                "-c",
-                "127.0.0.1",
-                "-p",
-                &port.to_string(),
-                "-t",
-                &seconds.to_string(),
-                "-P",
-                &streams.to_string(),
-                "-J",
-            ])
-            .output();
+        let port_text = port.to_string();
+        let seconds_text = seconds.to_string();
+        let streams_text = streams.to_string();
+        let mut client_args = vec![
+            "-c",
+            "127.0.0.1",
+            "-p",
+            &port_text,
+            "-t",
+            &seconds_text,
+            "-P",
+            &streams_text,
+            "-J",
+        ];
+        if let Some(block) = block {
+            client_args.extend(["-l", block]);
+        }
+        let run = Command::new("iperf3").args(&client_args).output();
         match run {
             Ok(out) if out.status.success() => {
                 output = Some(out.stdout);
