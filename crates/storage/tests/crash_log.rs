@@ -6,12 +6,22 @@ use mooncake_storage::{BackendKind, Durability};
 
 #[test]
 fn log_batch_survives_sigkill() {
-    crash::run(BackendKind::Log, Durability::Batch, crash::kill_points(12), 1);
+    crash::run(
+        BackendKind::Log,
+        Durability::Batch,
+        crash::kill_points(12),
+        1,
+    );
 }
 
 #[test]
 fn log_always_survives_sigkill() {
-    crash::run(BackendKind::Log, Durability::Always, crash::kill_points(8), 2);
+    crash::run(
+        BackendKind::Log,
+        Durability::Always,
+        crash::kill_points(8),
+        2,
+    );
 }
 
 #[test]
