@@ -152,4 +152,26 @@ mod tests {
         assert_eq!(SoftPinAction::Enable.as_u8(), 1);
         assert_eq!(SoftPinAction::from_u8(3), None);
     }
+
+    #[test]
+    fn config_round_trips_and_missing_fields_take_defaults() {
+        let c = ReplicateConfig {
+            replica_num: 3,
+            soft_pin_action: SoftPinAction::Enable,
+            soft_pin_ttl_ms: Some(5),
+            group_ids: Some(vec!["g".into()]),
+            ..ReplicateConfig::default()
+        };
+        let text = serde_json::to_string(&c).unwrap_or_default();
+        assert_eq!(serde_json::from_str::<ReplicateConfig>(&text).ok(), Some(c));
+        let partial: Option<ReplicateConfig> =
+            serde_json::from_str(r#"{"with_hard_pin": true}"#).ok();
+        assert_eq!(
+            partial,
+            Some(ReplicateConfig {
+                with_hard_pin: true,
+                ..ReplicateConfig::default()
+            })
+        );
+    }
 }

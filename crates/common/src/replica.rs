@@ -209,4 +209,32 @@ mod tests {
         assert!(ReplicaType::DISK.selects(ReplicaType::DISK));
         assert!(!ReplicaType::MEMORY.selects(ReplicaType::NOF_SSD));
     }
+
+    #[test]
+    fn descriptors_round_trip_through_serde() {
+        let d = ReplicaDescriptor {
+            id: ReplicaId(7),
+            status: ReplicaStatus::COMPLETE,
+            kind: ReplicaKind::Memory(MemoryDescriptor {
+                size: 4096,
+                buffer_address: 0x1000,
+                protocol: Arc::from("tcp"),
+                transport_endpoint: Arc::from("10.0.0.1:1234"),
+            }),
+        };
+        let text = serde_json::to_string(&d).unwrap_or_default();
+        let back: Option<ReplicaDescriptor> = serde_json::from_str(&text).ok();
+        assert_eq!(back.as_ref(), Some(&d), "{text}");
+        assert_eq!(d.memory().map(|m| m.size), Some(4096));
+        assert_eq!(d.kind.replica_type(), ReplicaType::MEMORY);
+        let dfs = ReplicaKind::Dfs(DfsDescriptor {
+            file_path: "/x".into(),
+            offset: 1,
+            object_size: 2,
+            aligned_size: 4,
+            shard_idx: 0,
+        });
+        let text = serde_json::to_string(&dfs).unwrap_or_default();
+        assert_eq!(serde_json::from_str::<ReplicaKind>(&text).ok(), Some(dfs));
+    }
 }
