@@ -33,7 +33,7 @@ pub(crate) struct GracefulUnmount {
     pub client: ClientId,
 }
 
-/// What [`SegmentManager`] reports about one segment.
+/// What [`crate::MasterService::segment_usage`] reports about one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentUsage {
     pub id: SegmentId,
