@@ -9,6 +9,7 @@
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
 
+use mooncake_common::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 use crate::allocator::{BufferHandle, SegmentAllocator};
@@ -115,6 +116,16 @@ impl AllocatorSet {
 
     pub fn allocators(&self, name: &str) -> &[Arc<SegmentAllocator>] {
         self.by_name.get(name).map_or(&[], Vec::as_slice)
+    }
+
+    /// Upstream's `AllocateFrom(name)` (Copy and Move targets): a name with no OK segment is
+    /// SEGMENT_NOT_FOUND, a full one NO_AVAILABLE_HANDLE.
+    pub fn allocate_from(&self, name: &str, size: u64) -> Result<BufferHandle, ErrorCode> {
+        if self.allocators(name).is_empty() {
+            return Err(ErrorCode::SEGMENT_NOT_FOUND);
+        }
+        self.allocate_from_name(name, size)
+            .ok_or(ErrorCode::NO_AVAILABLE_HANDLE)
     }
 
     /// Free ratio Σ(capacity − used) / Σcapacity of a name's segments.
@@ -394,6 +405,22 @@ mod tests {
         assert_eq!(set.name_count(), 0);
         assert!(place(&set, AllocationStrategy::Random, &req(10, 1, &[])).is_empty());
         assert!(set.hosts.is_empty());
+    }
+
+    #[test]
+    fn allocate_from_names_its_errors() {
+        let mut set = AllocatorSet::default();
+        set.insert(alloc(1, "a", 100), &Arc::from(""));
+        assert_eq!(
+            set.allocate_from("nope", 1).unwrap_err(),
+            ErrorCode::SEGMENT_NOT_FOUND
+        );
+        let h = set.allocate_from("a", 100).unwrap();
+        assert_eq!(h.len(), 100);
+        assert_eq!(
+            set.allocate_from("a", 1).unwrap_err(),
+            ErrorCode::NO_AVAILABLE_HANDLE
+        );
     }
 
     #[test]
