@@ -20,6 +20,9 @@ use crate::shm::{self, PeerMapping, ShmServer};
 use crate::tcp::client::{PoolConfig, TcpPeer};
 use crate::tcp::server::{ServerStats, TcpServer};
 
+/// Above this many peer pools, pools without connections or work are dropped.
+const MAX_IDLE_PEERS: usize = 1024;
+
 /// How long a failed shared-memory handshake sends a peer's segment to TCP before retrying.
 const SHM_RETRY_AFTER: Duration = Duration::from_secs(5);
 
@@ -606,6 +609,10 @@ impl Inner {
                     chunk.finish(Err(TransferError::ShuttingDown));
                 }
                 return;
+            }
+            if !peers.contains_key(&key) && peers.len() >= MAX_IDLE_PEERS {
+                // Bound the map: forget pools that have no connection and nothing queued.
+                peers.retain(|_, peer| !peer.is_idle());
             }
             Arc::clone(peers.entry(key).or_insert_with(|| {
                 TcpPeer::new(

@@ -121,6 +121,11 @@ impl TcpPeer {
         self.state.lock().live
     }
 
+    /// No connection thread and nothing queued: the pool can be dropped.
+    pub(crate) fn is_idle(&self) -> bool {
+        self.state.lock().live == 0 && self.queue_rx.is_empty()
+    }
+
     /// Queues `chunks` and makes sure the pool has its connections.
     pub(crate) fn submit(self: &Arc<Self>, chunks: Vec<Chunk>) {
         let mut state = self.state.lock();

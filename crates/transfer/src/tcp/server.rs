@@ -20,9 +20,13 @@ use crate::wire::{Header, Kind, HEADER_BYTES};
 /// Counters of the serving side (read by tests and the bench).
 #[derive(Debug, Default)]
 pub struct ServerStats {
+    /// Requests whose range passed the registry check and whose bytes were moved.
     pub requests_served: AtomicUsize,
+    /// Well-formed requests refused by the registry check (bounds, unknown segment).
     pub requests_rejected: AtomicUsize,
+    /// Connections closed because of a malformed header.
     pub malformed_headers: AtomicUsize,
+    /// Connections closed at accept because `max_server_connections` were open.
     pub connections_refused: AtomicUsize,
 }
 
@@ -215,6 +219,8 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
                 .acquire_segment(request.segment_id, request.offset, request.length);
         let served = match (request.kind, guard) {
             (Kind::ReadRequest, Ok(guard)) => {
+                // Counted before answering, so a requester that saw the answer sees the count.
+                shared.stats.requests_served.fetch_add(1, Ordering::Relaxed);
                 let head = request.response(ErrorCode::OK).encode();
                 // SAFETY: the guard pins [ptr, ptr+len) inside a registered segment, checked
                 // against the segment's size just above.
@@ -225,6 +231,7 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
                 let received = unsafe { recv_exact(fd, guard.ptr(), guard.len_bytes(), wait) };
                 drop(guard);
                 received.and_then(|()| {
+                    shared.stats.requests_served.fetch_add(1, Ordering::Relaxed);
                     let head = request.response(ErrorCode::OK).encode();
                     // SAFETY: no payload (null, 0).
                     unsafe { send_all(fd, &head, std::ptr::null(), 0, || wait(0)) }
@@ -252,6 +259,5 @@ fn serve_connection(stream: &TcpStream, shared: &Shared) {
         if served.is_err() {
             return;
         }
-        shared.stats.requests_served.fetch_add(1, Ordering::Relaxed);
     }
 }
