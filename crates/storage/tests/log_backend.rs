@@ -390,3 +390,25 @@ fn invalid_configuration_is_refused_at_open() {
         "nothing created by a refused open"
     );
 }
+
+#[test]
+fn a_second_open_of_the_same_root_is_refused_until_the_first_closes() {
+    let dir = TempDir::new("lock");
+    let first = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
+    put(&first, "k", b"v").unwrap();
+    let err = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap_err();
+    assert!(err.to_string().contains("in use"), "{err}");
+    assert_eq!(
+        get(&first, "k").unwrap(),
+        b"v",
+        "the refused open changed nothing"
+    );
+    first.close().unwrap();
+    let second = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
+    assert_eq!(get(&second, "k").unwrap(), b"v");
+    drop(first);
+    drop(second);
+    // Dropping releases the lock too.
+    let third = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
+    assert!(third.exists("k"));
+}

@@ -14,6 +14,8 @@ pub const DATA_FILE_TMP: &str = "log.data.tmp";
 pub const CHECKPOINT_FILE: &str = "log.ckpt";
 /// Name of a checkpoint being written (removed at open if found).
 pub const CHECKPOINT_TMP: &str = "log.ckpt.tmp";
+/// Empty file whose `flock` keeps a second backend (or process) from opening the same root.
+pub const LOCK_FILE: &str = "log.lock";
 
 /// Hard bound on key length on disk, whatever the configured limit (decoders refuse more).
 pub const MAX_KEY_BYTES_ON_DISK: u32 = 64 * 1024;

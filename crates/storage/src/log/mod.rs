@@ -28,7 +28,8 @@ mod recovery;
 pub use alloc::{OffsetAllocator, RangeError};
 pub use format::{
     data_crc, encode_record, head_blocks, record_blocks, value_blocks, Checkpoint, CheckpointEntry,
-    FileHeader, RecordHeader, BLOCK_BYTES, CHECKPOINT_FILE, DATA_FILE, RECORD_HEADER_BYTES,
+    FileHeader, RecordHeader, BLOCK_BYTES, CHECKPOINT_FILE, DATA_FILE, LOCK_FILE,
+    RECORD_HEADER_BYTES,
 };
 pub use recovery::{data_blocks_for, RecoveryReport};
 
@@ -93,6 +94,8 @@ pub struct LogStats {
 
 /// The offset-allocator log backend. See the module documentation.
 pub struct LogBackend {
+    /// Holds the `flock` on `log.lock` (released by `close` or when dropped).
+    lock: File,
     config: BackendConfig,
     options: LogOptions,
     file: File,
@@ -239,6 +242,7 @@ impl LogBackend {
             debug_assert!(inserted.is_ok());
         }
         let backend = LogBackend {
+            lock: opened.lock,
             file_id: opened.header.file_id,
             data_blocks: opened.header.data_blocks,
             file: opened.file,
@@ -961,7 +965,10 @@ impl StorageBackend for LogBackend {
         if self.closed.swap(true, Ordering::SeqCst) {
             return Err(StorageError::Closed);
         }
-        self.checkpoint()
+        let result = self.checkpoint();
+        // Another backend may open the root now, even while this value is still alive.
+        let _ = rustix::fs::flock(&self.lock, rustix::fs::FlockOperation::Unlock);
+        result
     }
 }
 

@@ -10,7 +10,7 @@
 use super::alloc::OffsetAllocator;
 use super::format::{
     self, Checkpoint, FileHeader, RecordHeader, BLOCK_BYTES, CHECKPOINT_FILE, CHECKPOINT_TMP,
-    DATA_FILE, DATA_FILE_TMP,
+    DATA_FILE, DATA_FILE_TMP, LOCK_FILE,
 };
 use super::LogOptions;
 use crate::backend::{BackendConfig, StorageError};
@@ -70,6 +70,8 @@ pub struct Recovered {
 /// Everything `LogBackend::open` needs.
 #[derive(Debug)]
 pub struct Opened {
+    /// Holds the exclusive `flock` on `log.lock` for as long as the backend is open.
+    pub lock: File,
     pub file: File,
     pub header: FileHeader,
     pub records: Vec<(String, Recovered)>,
@@ -115,6 +117,31 @@ pub fn sync_dir(dir: &Path) -> Result<(), StorageError> {
         .map_err(io_err("fsync dir"))
 }
 
+/// Takes the exclusive lock of the root directory, so that two backends (in this process or
+/// another) never write one data file at the same time.
+fn lock_root(root: &Path) -> Result<File, StorageError> {
+    let lock = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(root.join(LOCK_FILE))
+        .map_err(io_err("open"))?;
+    rustix::fs::flock(&lock, rustix::fs::FlockOperation::NonBlockingLockExclusive).map_err(
+        |e| StorageError::Io {
+            op: "open",
+            source: io::Error::new(
+                ErrorKind::WouldBlock,
+                format!(
+                    "{} is in use by another open log backend ({e})",
+                    root.display()
+                ),
+            ),
+        },
+    )?;
+    Ok(lock)
+}
+
 fn random_file_id() -> u64 {
     let mut h = std::collections::hash_map::RandomState::new().build_hasher();
     h.write_u128(
@@ -140,6 +167,7 @@ fn remove_if_exists(path: &Path) -> Result<(), StorageError> {
 pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, StorageError> {
     let root = &config.root;
     std::fs::create_dir_all(root).map_err(io_err("open"))?;
+    let lock = lock_root(root)?;
     remove_if_exists(&root.join(DATA_FILE_TMP))?;
     remove_if_exists(&root.join(CHECKPOINT_TMP))?;
     let want_blocks = data_blocks_for(config.capacity_bytes, options);
@@ -169,6 +197,7 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
         sync_dir(root)?;
         report.created = true;
         return Ok(Opened {
+            lock,
             file,
             header,
             records: Vec::new(),
@@ -342,6 +371,7 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
     let mut records: Vec<(String, Recovered)> = winners.into_iter().collect();
     records.sort_by_key(|(_, r)| r.seq);
     Ok(Opened {
+        lock,
         file,
         header,
         records,
