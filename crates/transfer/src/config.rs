@@ -75,9 +75,10 @@ pub struct TransferConfig {
     pub max_server_connections: usize,
     /// Threads doing memcpy for local and shared-memory entries. Default 2.
     pub copy_threads: usize,
-    /// Local and shared-memory entries up to this size are copied by the submitting thread
-    /// itself (no hand-off to a copy thread: a 1 MiB memcpy costs less than two thread
-    /// wake-ups). Larger ones are split over the copy threads. Default 1 MiB; 0 disables.
+    /// Local and shared-memory entries are copied by the submitting thread itself (no hand-off
+    /// to a copy thread: a 1 MiB memcpy costs less than two thread wake-ups) while the entries
+    /// of one `submit` add up to at most this many bytes; the rest go to the copy threads,
+    /// split over them when large. Default 1 MiB; 0 disables.
     pub inline_copy_max_bytes: usize,
     /// How long `unregister` waits for in-flight transfers. Default 10 s.
     pub unregister_timeout_ms: u64,

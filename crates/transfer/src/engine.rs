@@ -513,15 +513,21 @@ impl Inner {
             return Batch::new(state);
         }
         let mut tcp_groups: HashMap<PeerKey, Vec<Chunk>> = HashMap::new();
+        // At most this many bytes per submit are copied on the caller's thread; the rest of a
+        // large batch goes to the copy threads, so submit stays short for async callers.
+        let mut inline_budget = self.config.inline_copy_max_bytes as u64;
         for (index, request) in requests.iter().enumerate() {
             match self.plan(&state, index, request) {
                 Ok((_, chunks)) if chunks.is_empty() => state.finish_entry(index, Ok(())),
                 Ok((route, chunks)) => {
                     state.set_chunks(index, chunks.len());
                     let inline = route != Route::Tcp
-                        && request.len_bytes <= self.config.inline_copy_max_bytes as u64
+                        && request.len_bytes <= inline_budget
                         && (route == Route::Local
                             || self.shm_mapped(&request.remote, request.segment_id));
+                    if inline {
+                        inline_budget -= request.len_bytes;
+                    }
                     for chunk in chunks {
                         match route {
                             Route::Local if inline => {

@@ -91,11 +91,14 @@ impl ShmServer {
         registry: Arc<Registry>,
     ) -> Result<ShmServer, TransferError> {
         let io = |what: &str, e: std::io::Error| TransferError::Io(format!("{what}: {e}"));
-        std::fs::DirBuilder::new()
-            .recursive(true)
-            .mode(0o1777)
-            .create(base_dir)
-            .map_err(|e| io("create shm socket dir", e))?;
+        if !base_dir.exists() {
+            std::fs::DirBuilder::new()
+                .recursive(true)
+                .create(base_dir)
+                .map_err(|e| io("create shm socket dir", e))?;
+            // Shared by every user's engines, like /tmp (sticky: nobody removes others' dirs).
+            let _ = std::fs::set_permissions(base_dir, std::fs::Permissions::from_mode(0o1777));
+        }
         let dir = base_dir.join(name);
         std::fs::DirBuilder::new()
             .mode(0o700)
