@@ -412,3 +412,38 @@ fn a_second_open_of_the_same_root_is_refused_until_the_first_closes() {
     let third = LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap();
     assert!(third.exists("k"));
 }
+
+#[test]
+fn checkpoints_make_progress_under_a_stream_of_reads() {
+    let dir = TempDir::new("starve");
+    let b = Arc::new(LogBackend::open_with(config(&dir.0, 1 << 20, false), tight()).unwrap());
+    put(&b, "read-me", &value(0, 64 << 10)).unwrap();
+    let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let readers: Vec<_> = (0..3)
+        .map(|_| {
+            let (b, stop) = (b.clone(), stop.clone());
+            std::thread::spawn(move || {
+                let mut reads = 0u64;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    assert_eq!(get(&b, "read-me").unwrap(), value(0, 64 << 10));
+                    reads += 1;
+                }
+                reads
+            })
+        })
+        .collect();
+    // Every third overwrite needs space only a checkpoint gives back.
+    let started = std::time::Instant::now();
+    for i in 0..20u64 {
+        put(&b, "hot", &value(i, 400 << 10)).unwrap();
+        assert!(
+            started.elapsed() < std::time::Duration::from_secs(60),
+            "writer starved after {i} overwrites"
+        );
+    }
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let reads: u64 = readers.into_iter().map(|h| h.join().unwrap()).sum();
+    assert!(reads > 0);
+    assert!(b.stats().checkpoints >= 5, "{:?}", b.stats());
+    assert_eq!(get(&b, "hot").unwrap(), value(19, 400 << 10));
+}

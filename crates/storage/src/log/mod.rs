@@ -107,7 +107,9 @@ pub struct LogBackend {
     quarantine: Mutex<Vec<(u64, u64)>>,
     quarantine_blocks: AtomicU64,
     /// Read side: any operation between index lookup/allocation and index update. Write side:
-    /// the checkpoint's snapshot.
+    /// the checkpoint's snapshot. Fair (a waiting checkpoint stops new readers, so a stream of
+    /// reads cannot starve it); hence no code path takes the read side twice, and the eviction
+    /// listener (called with it held) may use `exists`, `size_of`, `scan` and `usage` only.
     gate: RwLock<()>,
     /// Serialises checkpoints; holds the time of the last one.
     checkpoint_lock: Mutex<Instant>,
@@ -727,7 +729,7 @@ impl StorageBackend for LogBackend {
         let mut evicted_any = false;
         while !items.is_empty() {
             round += 1;
-            let gate = self.gate.read_recursive();
+            let gate = self.gate.read();
             let (admitted, evicted) = self.admit(items, &protected, &mut results);
             evicted_any |= !evicted.is_empty();
             // Listeners hear of evictions before the space can be reused: that needs a
@@ -887,7 +889,7 @@ impl StorageBackend for LogBackend {
                 })
                 .collect();
         }
-        let _gate = self.gate.read_recursive();
+        let _gate = self.gate.read();
         let mut results = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {
             let result = match buffers.get_mut(i) {
@@ -916,7 +918,7 @@ impl StorageBackend for LogBackend {
         self.check_open()?;
         self.check_key(key)?;
         let removed = {
-            let _gate = self.gate.read_recursive();
+            let _gate = self.gate.read();
             let Some(entry) = self.index.remove(key, None) else {
                 return Ok(false);
             };
