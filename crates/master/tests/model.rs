@@ -1,5 +1,6 @@
-//! Model-based property tests. Random sequences of mount / unmount / put-start / put-end /
-//! revoke / get / exist / remove / advance-clock / reaper steps run against the master and a small
+//! Model-based property tests. Random sequences of mount / unmount / graceful unmount /
+//! put-start / put-end / revoke / get / batch get / exist / remove / batch remove / remove-all /
+//! advance-clock / reaper steps run against the master and a small
 //! reference model; after every step the visible keys, every object's lease and every segment's
 //! `used` bytes must agree with the model, and the master's own accounting check (no overlapping
 //! buffers, used = Σ live buffers) must pass. A second property drives one allocator directly with
@@ -29,6 +30,19 @@ const RELEASE_MS: u64 = 600_000;
 #[derive(Debug, Clone)]
 enum Op {
     Mount(u64),
+    Graceful {
+        seg: u64,
+        grace_ms: u64,
+    },
+    RunGraceful,
+    BatchGet(Vec<usize>),
+    BatchRemove {
+        keys: Vec<usize>,
+        force: bool,
+    },
+    RemoveAll {
+        force: bool,
+    },
     Unmount(u64),
     PutStart {
         key: usize,
@@ -63,6 +77,13 @@ fn op(uniform: bool) -> impl Strategy<Value = Op> {
     };
     prop_oneof![
         1 => (1..=SEGMENTS).prop_map(Op::Mount),
+        1 => (1..=SEGMENTS, prop_oneof![Just(0u64), Just(5_000), Just(40_000)])
+            .prop_map(|(seg, grace_ms)| Op::Graceful { seg, grace_ms }),
+        1 => Just(Op::RunGraceful),
+        2 => prop::collection::vec(0..KEYS, 0..8).prop_map(Op::BatchGet),
+        1 => (prop::collection::vec(0..KEYS, 0..6), any::<bool>())
+            .prop_map(|(keys, force)| Op::BatchRemove { keys, force }),
+        1 => any::<bool>().prop_map(|force| Op::RemoveAll { force }),
         1 => (1..=SEGMENTS).prop_map(Op::Unmount),
         6 => (0..KEYS, 1u64..=2, 1usize..=3, units)
             .prop_map(|(key, client, replicas, units)| Op::PutStart { key, client, replicas, units }),
@@ -91,7 +112,8 @@ struct ModelObject {
 
 #[derive(Debug, Default)]
 struct Model {
-    mounted: BTreeMap<u64, ()>,
+    /// Mounted segments; `Some(deadline)` while gracefully unmounting.
+    mounted: BTreeMap<u64, Option<u64>>,
     objects: BTreeMap<usize, ModelObject>,
     /// (segment, bytes, release_at)
     discarded: Vec<(u64, u64, u64)>,
@@ -111,6 +133,28 @@ impl Model {
             .map(|d| d.1)
             .sum();
         live + discarded
+    }
+
+    fn unmount(&mut self, id: u64) {
+        self.mounted.remove(&id);
+        for o in self.objects.values_mut() {
+            o.segs.retain(|&s| s != id);
+        }
+        self.objects.retain(|_, o| !o.segs.is_empty());
+        self.discarded.retain(|d| d.0 != id);
+    }
+
+    /// Remove's checks, in upstream's order.
+    fn remove(&mut self, k: usize, force: bool, now: u64) -> Result<(), ErrorCode> {
+        match self.objects.get(&k) {
+            None => Err(ErrorCode::OBJECT_NOT_FOUND),
+            Some(o) if !force && now < o.lease_ms => Err(ErrorCode::OBJECT_HAS_LEASE),
+            Some(o) if !o.complete => Err(ErrorCode::REPLICA_IS_NOT_READY),
+            Some(_) => {
+                self.objects.remove(&k);
+                Ok(())
+            }
+        }
     }
 
     fn free(&self, seg: u64) -> u64 {
@@ -138,17 +182,78 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
     let now = clock.now_ms();
     match *op {
         Op::Mount(id) => {
-            assert_eq!(m.mount_segment(&segment(id), client(1)), Ok(()));
-            model.mounted.insert(id, ());
+            let got = m.mount_segment(&segment(id), client(1));
+            if let Some(Some(_)) = model.mounted.get(&id) {
+                assert_eq!(got, Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS), "{op:?}");
+            } else {
+                assert_eq!(got, Ok(()), "{op:?}");
+                model.mounted.entry(id).or_insert(None);
+            }
         }
         Op::Unmount(id) => {
             assert_eq!(m.unmount_segment(SegmentId::new(id, 0), client(1)), Ok(()));
-            model.mounted.remove(&id);
-            for o in model.objects.values_mut() {
-                o.segs.retain(|&s| s != id);
+            model.unmount(id);
+        }
+        Op::Graceful { seg: id, grace_ms } => {
+            let got = m.graceful_unmount_segment(SegmentId::new(id, 0), client(1), grace_ms);
+            let client_has_segments = !model.mounted.is_empty();
+            let expected = match model.mounted.get_mut(&id) {
+                None if !client_has_segments => Err(ErrorCode::SEGMENT_NOT_FOUND),
+                None => Err(ErrorCode::INVALID_PARAMS),
+                Some(Some(_)) => Ok(()),
+                Some(state) => {
+                    *state = Some(now + grace_ms);
+                    Ok(())
+                }
+            };
+            assert_eq!(got, expected, "{op:?}");
+        }
+        Op::RunGraceful => {
+            let due: Vec<u64> = model
+                .mounted
+                .iter()
+                .filter(|(_, d)| d.is_some_and(|d| d <= now))
+                .map(|(id, _)| *id)
+                .collect();
+            assert_eq!(m.run_graceful_unmounts_once(), due.len(), "{op:?}");
+            for id in due {
+                model.unmount(id);
             }
-            model.objects.retain(|_, o| !o.segs.is_empty());
-            model.discarded.retain(|d| d.0 != id);
+        }
+        Op::BatchGet(ref ks) => {
+            let names: Vec<String> = ks.iter().map(|&k| key(k)).collect();
+            let got = m.batch_get_replica_list(&names, "");
+            assert_eq!(got.len(), ks.len());
+            for (&k, result) in ks.iter().zip(got) {
+                match model.objects.get_mut(&k) {
+                    None => assert_eq!(result, Err(ErrorCode::OBJECT_NOT_FOUND)),
+                    Some(o) if !o.complete => {
+                        assert_eq!(result, Err(ErrorCode::REPLICA_IS_NOT_READY))
+                    }
+                    Some(o) => {
+                        assert_eq!(result.unwrap().replicas.len(), o.segs.len(), "{op:?}");
+                        o.lease_ms = o.lease_ms.max(now + LEASE_MS);
+                    }
+                }
+            }
+        }
+        Op::BatchRemove { ref keys, force } => {
+            let names: Vec<String> = keys.iter().map(|&k| key(k)).collect();
+            let got = m.batch_remove(&names, force, "");
+            let expected: Vec<_> = keys.iter().map(|&k| model.remove(k, force, now)).collect();
+            assert_eq!(got, expected, "{op:?}");
+        }
+        Op::RemoveAll { force } => {
+            let doomed: Vec<usize> = model
+                .objects
+                .iter()
+                .filter(|(_, o)| o.complete && (force || now >= o.lease_ms))
+                .map(|(k, _)| *k)
+                .collect();
+            assert_eq!(m.remove_all(force, ""), doomed.len() as i64, "{op:?}");
+            for k in doomed {
+                model.objects.remove(&k);
+            }
         }
         Op::PutStart {
             key: k,
@@ -172,8 +277,9 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
             }
             let fits: Vec<u64> = model
                 .mounted
-                .keys()
-                .copied()
+                .iter()
+                .filter(|(_, graceful)| graceful.is_none())
+                .map(|(s, _)| *s)
                 .filter(|&s| model.free(s) >= size)
                 .collect();
             match got {
@@ -188,7 +294,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
                     assert_eq!(distinct.len(), segs.len(), "replicas on distinct names");
                     assert!(!segs.is_empty() && segs.len() <= replicas);
                     for s in &segs {
-                        assert!(model.mounted.contains_key(s), "allocated on unmounted {s}");
+                        assert_eq!(model.mounted.get(s), Some(&None), "allocated on non-OK {s}");
                         assert!(model.free(*s) >= size, "allocated beyond capacity on {s}");
                     }
                     if uniform {
@@ -275,16 +381,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
         }
         Op::Remove { key: k, force } => {
             let got = m.remove(&key(k), force, "");
-            let expected = match model.objects.get(&k) {
-                None => Err(ErrorCode::OBJECT_NOT_FOUND),
-                Some(o) if !force && now < o.lease_ms => Err(ErrorCode::OBJECT_HAS_LEASE),
-                Some(o) if !o.complete => Err(ErrorCode::REPLICA_IS_NOT_READY),
-                Some(_) => {
-                    model.objects.remove(&k);
-                    Ok(())
-                }
-            };
-            assert_eq!(got, expected, "{op:?}");
+            assert_eq!(got, model.remove(k, force, now), "{op:?}");
         }
         Op::Advance(ms) => {
             clock.advance(ms);
