@@ -18,7 +18,7 @@ use mooncake_transfer::{
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// Seconds each case runs (after a short warm-up).
+    /// Seconds each repetition of a case runs (after a short warm-up).
     #[arg(long, default_value_t = 0.5)]
     seconds: f64,
     /// Transfer sizes (units accepted: 4KiB, 1MiB...).
@@ -36,6 +36,9 @@ pub struct Args {
     /// Copy threads of the engine (shared-memory and local copies).
     #[arg(long, default_value_t = 2)]
     copy_threads: usize,
+    /// Repetitions of each case (the table shows medians).
+    #[arg(long, default_value_t = 3)]
+    reps: usize,
     /// Seconds of each iperf3 run.
     #[arg(long, default_value_t = 3)]
     iperf_seconds: u64,
@@ -133,9 +136,27 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         // Shared-memory limit: single-thread memcpy of the same size over the same
                         // working set (one slot per entry in flight), measured right before the
                         // case so both see the same machine load.
-                        let memcpy_limit = (mode != TransportMode::Tcp)
-                            .then(|| memcpy_mb_s(size, inflight, slot, args.seconds));
-                        let result = case.run(&engine, &local, &server, args.seconds)?;
+                        // Each case runs `reps` times (limit, then case); the row shows the
+                        // medians, which a shared, noisy machine needs.
+                        let mut rates = Vec::new();
+                        let mut limits = Vec::new();
+                        let mut latencies_us = Vec::new();
+                        for _ in 0..args.reps.max(1) {
+                            if mode != TransportMode::Tcp {
+                                limits.push(memcpy_mb_s(size, inflight, slot, args.seconds));
+                            }
+                            let (mb_s, mut lat) =
+                                case.run(&engine, &local, &server, args.seconds)?;
+                            rates.push(mb_s);
+                            latencies_us.append(&mut lat);
+                        }
+                        latencies_us.sort_by(f64::total_cmp);
+                        let result = CaseResult {
+                            mb_s: median(&mut rates),
+                            p50_us: percentile(&latencies_us, 0.50),
+                            p99_us: percentile(&latencies_us, 0.99),
+                        };
+                        let memcpy_limit = (!limits.is_empty()).then(|| median(&mut limits));
                         rows.push((label.clone(), streams, case, result, memcpy_limit));
                     }
                 }
@@ -195,7 +216,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             result.p99_us,
         );
     }
-    println!("\nlimit: tcp rows = best iperf3 figure above with the same stream count; shm rows = single-thread memcpy of the same size over the same working set, measured just before the row.");
+    println!("\nMB/s: median of {} repetitions of {} s; p50/p99 over all their entries. limit: tcp rows = best iperf3 figure above with the same stream count; shm rows = median single-thread memcpy of the same size over the same working set, each measured just before a repetition.", args.reps.max(1), args.seconds);
     Ok(())
 }
 
@@ -310,14 +331,15 @@ impl Case {
         }
     }
 
-    /// Keeps `inflight` single-entry batches outstanding for `seconds`.
+    /// Keeps `inflight` single-entry batches outstanding for `seconds`; returns MB/s and the
+    /// latency of every measured entry (µs).
     fn run(
         &self,
         engine: &TransferEngine,
         local: &MemoryHandle,
         server: &ServerProcess,
         seconds: f64,
-    ) -> anyhow::Result<CaseResult> {
+    ) -> anyhow::Result<(f64, Vec<f64>)> {
         let warmup = Duration::from_secs_f64((seconds / 5.0).min(0.2));
         let measure = Duration::from_secs_f64(seconds);
         let mut window: std::collections::VecDeque<(Instant, Batch)> = Default::default();
@@ -357,17 +379,8 @@ impl Case {
                         for (_, batch) in window.drain(..) {
                             batch.wait();
                         }
-                        latencies_us.sort_by(f64::total_cmp);
-                        let pct = |p: f64| {
-                            let i =
-                                ((latencies_us.len() as f64 * p).ceil() as usize).saturating_sub(1);
-                            latencies_us[i.min(latencies_us.len() - 1)]
-                        };
-                        return Ok(CaseResult {
-                            mb_s: (measured_ops * self.size) as f64 / elapsed / MB,
-                            p50_us: pct(0.50),
-                            p99_us: pct(0.99),
-                        });
+                        let mb_s = (measured_ops * self.size) as f64 / elapsed / MB;
+                        return Ok((mb_s, latencies_us));
                     }
                 }
                 None => {}
@@ -375,6 +388,20 @@ impl Case {
         }
         bail!("case produced no measurement")
     }
+}
+
+fn median(values: &mut [f64]) -> f64 {
+    values.sort_by(f64::total_cmp);
+    values.get(values.len() / 2).copied().unwrap_or(0.0)
+}
+
+/// `p`-quantile of sorted values (0 when empty).
+fn percentile(sorted: &[f64], p: f64) -> f64 {
+    if sorted.is_empty() {
+        return 0.0;
+    }
+    let i = ((sorted.len() as f64 * p).ceil() as usize).saturating_sub(1);
+    sorted[i.min(sorted.len() - 1)]
 }
 
 /// Single-thread memcpy bandwidth for `size`-byte copies rotating over `slots` slots of
