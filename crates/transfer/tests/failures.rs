@@ -384,3 +384,30 @@ fn random_bytes_on_the_tcp_port_never_crash_the_server() {
     let read = TransferRequest::read(local.as_ptr(), 4096, server.endpoint(), segment.id(), 0);
     assert_eq!(client.transfer_sync(&[read]), vec![Ok(())]);
 }
+
+#[test]
+fn dropping_the_engine_fails_pending_entries_promptly() {
+    let frozen = PeerProcess::spawn(MIB);
+    let client = engine(TransportMode::Tcp, 60_000);
+    let local = client.allocate_local_buffer(MIB).unwrap();
+    let read = TransferRequest::read(local.as_ptr(), 4096, &frozen.endpoint, frozen.segment_id, 0);
+    assert_eq!(
+        client.transfer_sync(std::slice::from_ref(&read)),
+        vec![Ok(())]
+    );
+    frozen.freeze();
+    let batch = client.submit(&[read.clone(), read]);
+    std::thread::sleep(Duration::from_millis(50));
+    let t = Instant::now();
+    drop(client);
+    let results = batch
+        .wait_timeout(Duration::from_secs(5))
+        .expect("shutdown left entries pending");
+    for result in &results {
+        assert_eq!(result, &Err(TransferError::ShuttingDown));
+    }
+    assert!(t.elapsed() < Duration::from_secs(3), "{:?}", t.elapsed());
+    // `local` (a clone of the handle) outlives the engine: the memory stays mapped.
+    local.write_at(0, &[1]).unwrap();
+    frozen.signal(libc::SIGCONT);
+}

@@ -537,3 +537,61 @@ fn wait_async_resolves_on_a_current_thread_runtime() {
     local.read_at(0, &mut got).unwrap();
     assert!(got == pattern(4 << 20, 6));
 }
+
+#[test]
+fn oversized_batches_and_bad_configs_are_refused() {
+    use mooncake_transfer::{TransferConfig, TransferEngine};
+    let bad = TransferEngine::start(TransferConfig {
+        pipeline_depth: 0,
+        ..TransferConfig::default()
+    });
+    assert!(
+        matches!(bad, Err(TransferError::InvalidParams(_))),
+        "{bad:?}"
+    );
+
+    let server = engine(TransportMode::Auto, 10_000);
+    let segment = server
+        .allocate_segment(4096, SegmentOptions::default())
+        .unwrap();
+    let client = TransferEngine::start(TransferConfig {
+        max_batch_entries: 4,
+        transport: TransportMode::Tcp,
+        ..TransferConfig::default()
+    })
+    .unwrap();
+    let local = client.allocate_local_buffer(4096).unwrap();
+    let read = TransferRequest::read(local.as_ptr(), 16, server.endpoint(), segment.id(), 0);
+    let results = client.transfer_sync(&vec![read.clone(); 5]);
+    assert_eq!(results.len(), 5);
+    for result in &results {
+        assert_eq!(
+            result.as_ref().unwrap_err().code(),
+            ErrorCode::INVALID_PARAMS
+        );
+    }
+    assert_eq!(client.transfer_sync(&vec![read; 4]), vec![Ok(()); 4]);
+}
+
+#[test]
+fn forget_peer_drops_its_pool_and_mappings() {
+    let server = engine(TransportMode::Auto, 10_000);
+    let segment = server
+        .allocate_segment(4096, SegmentOptions::default())
+        .unwrap();
+    let client = engine(TransportMode::Auto, 10_000);
+    let local = client.allocate_local_buffer(4096).unwrap();
+    let remote = Arc::clone(server.endpoint());
+    let read = TransferRequest::read(local.as_ptr(), 16, &remote, segment.id(), 0);
+    assert_eq!(
+        client.transfer_sync(std::slice::from_ref(&read)),
+        vec![Ok(())]
+    );
+    assert_eq!(client.shm_mapped_segments(), 1);
+    client.forget_peer(&remote);
+    assert_eq!(client.shm_mapped_segments(), 0);
+    assert_eq!(client.pooled_connections(&remote), 0);
+    // Still reachable afterwards (maps again).
+    assert_eq!(client.transfer_sync(&[read]), vec![Ok(())]);
+    assert_eq!(client.shm_mapped_segments(), 1);
+}

@@ -454,9 +454,12 @@ impl TcpPeer {
     }
 
     fn io_error(&self, fail: &IoFail) -> TransferError {
+        if self.closed.load(Ordering::Relaxed) {
+            // We closed the socket ourselves (engine shutdown / forget_peer).
+            return TransferError::ShuttingDown;
+        }
         match fail {
             IoFail::Timeout => self.timeout(),
-            IoFail::Stopped if self.closed.load(Ordering::Relaxed) => TransferError::ShuttingDown,
             other => self.lost(&other.to_string()),
         }
     }
