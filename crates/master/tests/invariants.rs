@@ -674,3 +674,74 @@ fn invalid_regex_is_invalid_params() {
     assert_eq!(m.get_replica_list_by_regex("^k", "").unwrap().len(), 1);
     assert_eq!(m.remove_by_regex("k", true, ""), Ok(1));
 }
+
+#[test]
+fn a_stale_soft_pin_deadline_does_not_clear_a_newer_pin_of_the_same_key() {
+    let (clock, m) = master();
+    m.mount_segment(&seg(1, "a", 1000), C1).unwrap();
+    let pin = |ttl| ReplicateConfig {
+        soft_pin_action: SoftPinAction::Enable,
+        soft_pin_ttl_ms: Some(ttl),
+        ..cfg(1)
+    };
+    put_with(&m, "k", &pin(5_000));
+    let t0 = clock.now_ms();
+    m.remove("k", false, "").unwrap();
+    clock.advance(1_000);
+    put_with(&m, "k", &pin(10_000));
+    clock.set(t0 + 5_000);
+    assert_eq!(
+        m.run_soft_pin_expiry_once(),
+        0,
+        "the old deadline belongs to the removed object"
+    );
+    let info = m.object_info("k", "").unwrap().unwrap();
+    assert_eq!(info.soft_pin_deadline_ms, t0 + 11_000);
+    clock.set(t0 + 11_000);
+    assert_eq!(m.run_soft_pin_expiry_once(), 1);
+    // DISABLE and ENABLE with TTL 0 leave a fresh object unpinned.
+    let disable = ReplicateConfig {
+        soft_pin_action: SoftPinAction::Disable,
+        ..cfg(1)
+    };
+    put_with(&m, "d", &disable);
+    put_with(&m, "z", &pin(0));
+    for k in ["d", "z"] {
+        assert_eq!(
+            m.object_info(k, "").unwrap().unwrap().soft_pin_deadline_ms,
+            0,
+            "{k}"
+        );
+    }
+}
+
+#[test]
+fn checksum_is_stored_at_put_end_and_returned_by_reads() {
+    let (_, m) = master();
+    m.mount_segment(&seg(1, "a", 1000), C1).unwrap();
+    m.put_start(C1, "k", 10, &cfg(1), "").unwrap();
+    let meta = ObjectMeta {
+        key: "k".into(),
+        object_checksum: Some(0xfeed),
+    };
+    m.put_end(C1, &meta, ReplicaType::ALL, "").unwrap();
+    assert_eq!(
+        m.get_replica_list("k", "").unwrap().object_checksum,
+        Some(0xfeed)
+    );
+    // An idempotent retry changes nothing.
+    let other = ObjectMeta {
+        key: "k".into(),
+        object_checksum: Some(1),
+    };
+    m.put_end(C1, &other, ReplicaType::ALL, "").unwrap();
+    assert_eq!(
+        m.get_replica_list("k", "").unwrap().object_checksum,
+        Some(0xfeed)
+    );
+    put(&m, C1, "plain", 10, 1);
+    assert_eq!(
+        m.get_replica_list("plain", "").unwrap().object_checksum,
+        None
+    );
+}
