@@ -595,3 +595,37 @@ fn forget_peer_drops_its_pool_and_mappings() {
     assert_eq!(client.transfer_sync(&[read]), vec![Ok(())]);
     assert_eq!(client.shm_mapped_segments(), 1);
 }
+
+#[test]
+fn idle_connections_close_and_the_pool_reopens_on_demand() {
+    use mooncake_transfer::{TransferConfig, TransferEngine};
+    let server = engine(TransportMode::Auto, 10_000);
+    let segment = server
+        .allocate_segment(4096, SegmentOptions::default())
+        .unwrap();
+    let client = TransferEngine::start(TransferConfig {
+        transport: TransportMode::Tcp,
+        idle_connection_ms: 300,
+        ..TransferConfig::default()
+    })
+    .unwrap();
+    let local = client.allocate_local_buffer(4096).unwrap();
+    let remote = Arc::clone(server.endpoint());
+    let read = TransferRequest::read(local.as_ptr(), 16, &remote, segment.id(), 0);
+    for round in 0..3 {
+        assert_eq!(
+            client.transfer_sync(std::slice::from_ref(&read)),
+            vec![Ok(())],
+            "round {round}"
+        );
+        assert!(client.pooled_connections(&remote) >= 1);
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while client.pooled_connections(&remote) > 0 {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "idle connection never closed"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+}

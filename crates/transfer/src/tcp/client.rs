@@ -73,6 +73,8 @@ struct Conn {
     inflight: Mutex<VecDeque<Arc<Pending>>>,
     slot_freed: Condvar,
     broken: AtomicBool,
+    /// Left the pool's `live` count itself (idle close).
+    retired: AtomicBool,
 }
 
 impl Conn {
@@ -206,7 +208,10 @@ impl TcpPeer {
     /// Body of one connection's sender thread.
     fn run_connection(self: Arc<Self>) {
         let exit_error = match self.connect() {
-            Ok(stream) => self.drive(stream),
+            Ok(stream) => match self.drive(stream) {
+                (_, true) => return, // idle close: already left the pool
+                (err, false) => err,
+            },
             Err(err) => err,
         };
         let mut state = self.state.lock();
@@ -217,7 +222,8 @@ impl TcpPeer {
         }
     }
 
-    fn drive(self: &Arc<Self>, stream: TcpStream) -> TransferError {
+    /// Runs one connection; returns why it ended and whether it already left the pool.
+    fn drive(self: &Arc<Self>, stream: TcpStream) -> (TransferError, bool) {
         let _ = stream.set_nodelay(true);
         let _ = stream.set_read_timeout(Some(POLL_INTERVAL));
         let _ = stream.set_write_timeout(Some(POLL_INTERVAL));
@@ -227,13 +233,14 @@ impl TcpPeer {
         };
         let read_half = match stream.try_clone() {
             Ok(s) => s,
-            Err(e) => return lost(e.to_string()),
+            Err(e) => return (lost(e.to_string()), false),
         };
         let conn = Arc::new(Conn {
             stream,
             inflight: Mutex::new(VecDeque::new()),
             slot_freed: Condvar::new(),
             broken: AtomicBool::new(false),
+            retired: AtomicBool::new(false),
         });
         self.state.lock().conns.push(Arc::clone(&conn));
         let receiver = {
@@ -254,7 +261,7 @@ impl TcpPeer {
         };
         // The receiver failed everything in flight on its way out; nothing else holds `conn`.
         self.state.lock().conns.retain(|c| !Arc::ptr_eq(c, &conn));
-        exit
+        (exit, conn.retired.load(Ordering::SeqCst))
     }
 
     fn send_loop(&self, conn: &Conn) -> TransferError {
@@ -280,7 +287,14 @@ impl TcpPeer {
                     if busy {
                         idle_since = Instant::now();
                     } else if idle_since.elapsed() > self.config.idle_close {
-                        return self.lost("idle connection closed");
+                        // Leave the pool under its lock, and only if nothing is queued: a
+                        // submit either queued before (we stay) or sees us gone (and spawns).
+                        let mut state = self.state.lock();
+                        if self.queue_rx.is_empty() {
+                            state.live -= 1;
+                            conn.retired.store(true, Ordering::SeqCst);
+                            return self.lost("idle connection closed");
+                        }
                     }
                     continue;
                 }
