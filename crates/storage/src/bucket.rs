@@ -346,6 +346,7 @@ impl BucketBackend {
         let mut index = Index::default();
         let mut max_id = 0u64;
         let mut dirty: BTreeSet<u64> = BTreeSet::new();
+        let mut left: BTreeMap<u64, Vec<String>> = BTreeMap::new();
         for id in list_ids(&root)? {
             max_id = max_id.max(id);
             let dpath = data_path(&root, id);
@@ -413,6 +414,7 @@ impl BucketBackend {
                             }
                             if old.bucket != id {
                                 dirty.insert(old.bucket);
+                                left.entry(old.bucket).or_default().push(key.clone());
                             }
                         }
                         index.used_bytes += size;
@@ -427,6 +429,9 @@ impl BucketBackend {
                                 b.live.remove(&key);
                             }
                             dirty.insert(old.bucket);
+                            if old.bucket != id {
+                                left.entry(old.bucket).or_default().push(key);
+                            }
                         }
                     }
                 }
@@ -434,15 +439,21 @@ impl BucketBackend {
         }
         // Persist what recovery changed: new metas for scanned buckets, rewritten metas for
         // buckets that lost keys, deletion of empty buckets.
+        // Keys that left a bucket because of a later record get a tombstone in it (as in normal
+        // operation), so that a later scan of that bucket cannot resurrect them.
         for id in dirty {
-            let Some(b) = index.sealed.get(&id) else {
+            let Some(b) = index.sealed.get_mut(&id) else {
                 continue;
             };
             if b.live.is_empty() {
                 index.sealed.remove(&id);
-                remove_quietly(&meta_path(&root, id));
                 remove_quietly(&data_path(&root, id));
+                remove_quietly(&meta_path(&root, id));
             } else {
+                if let Some(keys) = left.get(&id) {
+                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                    b.data_len = append_tombstones(&root, id, b.data_len, &keys, 0, durable)?;
+                }
                 write_meta(&root, id, b.data_len, &b.live, durable)?;
             }
         }
@@ -454,8 +465,8 @@ impl BucketBackend {
             .collect();
         for id in empty {
             index.sealed.remove(&id);
-            remove_quietly(&meta_path(&root, id));
             remove_quietly(&data_path(&root, id));
+            remove_quietly(&meta_path(&root, id));
         }
         if durable {
             sync_dir(&root)?;
@@ -615,19 +626,44 @@ impl BucketBackend {
                 order.remove(&id);
                 self.index.write().sealed.remove(&id);
             }
-            remove_quietly(&meta_path(&self.root, id));
-            remove_quietly(&data_path(&self.root, id));
-            self.handles.forget(&id);
+            self.delete_bucket_files(id);
             if self.durable() {
                 sync_dir(&self.root)?;
             }
             Ok(())
         } else {
+            // A tombstone in the bucket's own data file, so that a scan of it (if its meta is
+            // ever lost or damaged) cannot bring the key back; then the meta, which covers the
+            // new length.
+            let new_len = self.append_tombstone_to_sealed(id, data_len, key)?;
+            if let Some(b) = self.index.write().sealed.get_mut(&id) {
+                b.data_len = new_len;
+            }
             self.order
                 .lock()
                 .set_size(&id, live.values().map(|(_, s)| *s).sum());
-            write_meta(&self.root, id, data_len, &live, self.durable())
+            write_meta(&self.root, id, new_len, &live, self.durable())
         }
+    }
+
+    /// Appends a TOMBSTONE for `key` at `data_len` of sealed bucket `id`; returns the new length.
+    fn append_tombstone_to_sealed(
+        &self,
+        id: u64,
+        data_len: u64,
+        key: &str,
+    ) -> Result<u64, StorageError> {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        append_tombstones(&self.root, id, data_len, &[key], seq, self.durable())
+    }
+
+    /// Deletes a bucket's files: data first, then meta. A crash between leaves a meta without
+    /// data, which start-up deletes; the other order would leave data without meta, which
+    /// start-up treats as an unsealed bucket and scans — resurrecting what was dropped.
+    fn delete_bucket_files(&self, id: u64) {
+        self.handles.forget(&id);
+        remove_quietly(&data_path(&self.root, id));
+        remove_quietly(&meta_path(&self.root, id));
     }
 
     /// Evicts whole sealed buckets until `incoming` fits. Caller holds the writer lock.
@@ -684,9 +720,7 @@ impl BucketBackend {
             listener(&keys);
         }
         for id in victims {
-            remove_quietly(&meta_path(&self.root, id));
-            self.handles.forget(&id);
-            remove_quietly(&data_path(&self.root, id));
+            self.delete_bucket_files(id);
         }
         if self.durable() {
             let _ = sync_dir(&self.root);
@@ -797,6 +831,38 @@ fn read_at(file: &File, buf: &mut [u8], offset: u64) -> Result<(), Option<Storag
             })
         }
     })
+}
+
+/// Appends one TOMBSTONE per key at `data_len` of bucket `id`'s data file (one write, one
+/// fdatasync when `durable`); returns the new length.
+fn append_tombstones(
+    root: &Path,
+    id: u64,
+    data_len: u64,
+    keys: &[&str],
+    seq: u64,
+    durable: bool,
+) -> Result<u64, StorageError> {
+    let mut bytes = Vec::new();
+    for key in keys {
+        let header = RecordHeader {
+            flags: FLAG_TOMBSTONE,
+            key_len: key.len() as u32,
+            value_crc: crc32c::crc32c(&[]),
+            value_len: 0,
+            seq,
+        };
+        bytes.extend_from_slice(&header.encode(MAGIC_BUCKET, key.as_bytes()));
+    }
+    let file = OpenOptions::new()
+        .write(true)
+        .open(data_path(root, id))
+        .map_err(io("write"))?;
+    file.write_all_at(&bytes, data_len).map_err(io("write"))?;
+    if durable {
+        file.sync_data().map_err(io("sync"))?;
+    }
+    Ok(data_len + bytes.len() as u64)
 }
 
 fn write_meta(

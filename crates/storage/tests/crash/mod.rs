@@ -108,6 +108,7 @@ pub fn run(kind: BackendKind, durability: Durability, kill_points: usize, seed: 
     let mut rng = Rng::new(seed);
     let deadline = Instant::now() + Duration::from_secs(600);
     let (mut acked_total, mut in_flight_total) = (0usize, 0usize);
+    let mut history: BTreeMap<String, Vec<(usize, u64, usize)>> = BTreeMap::new();
     for round in 0..kill_points {
         assert!(Instant::now() < deadline, "crash test over its time bound");
         std::fs::write(&ack, b"").unwrap();
@@ -130,6 +131,18 @@ pub fn run(kind: BackendKind, durability: Durability, kill_points: usize, seed: 
         child.wait().unwrap();
         let text = std::fs::read_to_string(&ack).unwrap();
         let (pending, uncertain) = apply_log(&text, &mut model);
+        for line in text.lines().filter(|l| l.starts_with("E ")) {
+            let f: Vec<&str> = line.split(' ').collect();
+            if f.len() == 4 {
+                let (Ok(v), Ok(len)) = (f[2].parse(), f[3].parse()) else {
+                    continue;
+                };
+                history
+                    .entry(f[1].to_string())
+                    .or_default()
+                    .push((round, v, len));
+            }
+        }
         acked_total += text.lines().filter(|l| l.starts_with('A')).count();
         // Alternatives per key: what the model says, plus what the in-flight op may have done.
         let mut alternatives: BTreeMap<String, BTreeSet<State>> = BTreeMap::new();
@@ -157,7 +170,7 @@ pub fn run(kind: BackendKind, durability: Durability, kill_points: usize, seed: 
         }
         let backend = open_backend(kind, config.clone())
             .unwrap_or_else(|e| panic!("round {round}: reopen after SIGKILL failed: {e}"));
-        let actual = verify(&*backend, &alternatives, round);
+        let actual = verify(&*backend, &alternatives, &history, round);
         // The in-flight keys now hold what the store actually kept.
         for (k, s) in actual {
             model.insert(k, s);
@@ -175,6 +188,7 @@ pub fn run(kind: BackendKind, durability: Durability, kill_points: usize, seed: 
 fn verify(
     b: &dyn StorageBackend,
     alternatives: &BTreeMap<String, BTreeSet<State>>,
+    history: &BTreeMap<String, Vec<(usize, u64, usize)>>,
     round: usize,
 ) -> BTreeMap<String, State> {
     let listed: BTreeMap<String, u64> = b
@@ -216,10 +230,19 @@ fn verify(
                     .find(|(v, len)| *len as u64 == n && value_for(k, *v, *len) == buf);
                 match found {
                     Some(s) => Some(*s),
-                    None => panic!(
-                        "round {round}: {k:?} holds {n} bytes matching none of {alts:?} \
-                         (torn, corrupt or stale)"
-                    ),
+                    None => {
+                        let old = history.get(k).and_then(|h| {
+                            h.iter().find(|(_, v, len)| {
+                                *len as u64 == n && value_for(k, *v, *len) == buf
+                            })
+                        });
+                        panic!(
+                            "round {round}: {k:?} holds {n} bytes matching none of {alts:?} \
+                             (torn, corrupt or stale); matches an older write (round, \
+                             version, len): {old:?}; history: {:?}",
+                            history.get(k)
+                        )
+                    }
                 }
             }
         };
