@@ -319,6 +319,14 @@ impl TcpPeer {
                 chunk.len_bytes as u64,
             )
             .encode();
+            let mut inflight = conn.inflight.lock();
+            if conn.broken.load(Ordering::SeqCst) {
+                drop(inflight);
+                // Never reached the wire: back to the queue for another connection (or failed
+                // with the reason by the last connection to leave).
+                let _ = self.queue_tx.send(chunk);
+                return self.lost("connection closed");
+            }
             let pending = Arc::new(Pending {
                 request_id,
                 kind,
@@ -329,17 +337,8 @@ impl TcpPeer {
                 result: Mutex::new(None),
                 holders: AtomicU8::new(2),
             });
-            {
-                let mut inflight = conn.inflight.lock();
-                if conn.broken.load(Ordering::SeqCst) {
-                    drop(inflight);
-                    // Never reached the wire: both holders released here.
-                    pending.release(Some(Err(self.lost("connection closed"))));
-                    pending.release(None);
-                    return self.lost("connection closed");
-                }
-                inflight.push_back(Arc::clone(&pending));
-            }
+            inflight.push_back(Arc::clone(&pending));
+            drop(inflight);
             let closed = &self.closed;
             let wait = || {
                 if closed.load(Ordering::Relaxed) || conn.broken.load(Ordering::Relaxed) {
