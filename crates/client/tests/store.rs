@@ -1,0 +1,250 @@
+//! The store client end to end: an in-process master on 127.0.0.1:0 and store clients with real
+//! transfer engines (shared memory between them, or TCP when forced), moving real bytes.
+#![allow(clippy::unwrap_used)]
+
+use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
+use mooncake_common::{ErrorCode, ReplicateConfig};
+use mooncake_server::{MasterConfig, RunningMaster};
+use mooncake_transfer::TransportMode;
+
+async fn start_master() -> RunningMaster {
+    let config = MasterConfig {
+        rpc_address: "127.0.0.1".into(),
+        port: 0,
+        metrics_host: "127.0.0.1".into(),
+        metrics_port: 0,
+        ..MasterConfig::default()
+    };
+    let resolved = config.validate().unwrap();
+    RunningMaster::start(&config, &resolved).await.unwrap()
+}
+
+async fn node(master: &RunningMaster, segment_bytes: u64, transport: TransportMode) -> StoreClient {
+    let config = StoreConfig {
+        master_addr: master.rpc_addr().to_string(),
+        local_hostname: "127.0.0.1".into(),
+        global_segment_size: segment_bytes,
+        transport,
+        ..StoreConfig::default()
+    };
+    StoreClient::connect(config).await.unwrap()
+}
+
+fn pattern(len: usize, seed: u8) -> Vec<u8> {
+    (0..len)
+        .map(|i| (i as u8).wrapping_mul(31).wrapping_add(seed))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn put_and_get_round_trip_across_nodes_and_transports() {
+    let master = start_master().await;
+    for transport in [TransportMode::Auto, TransportMode::Tcp] {
+        let a = node(&master, 64 << 20, transport).await;
+        let b = node(&master, 64 << 20, transport).await;
+        let reader = node(&master, 0, transport).await;
+        let two = ReplicateConfig {
+            replica_num: 2,
+            ..ReplicateConfig::default()
+        };
+        for (i, len) in [1usize, 7, 4096, 65_537, 1 << 20, 5 << 20]
+            .into_iter()
+            .enumerate()
+        {
+            let key = format!("{transport:?}-obj-{i}");
+            let value = pattern(len, i as u8);
+            assert_eq!(
+                reader.put(&key, &value, &two).await.unwrap(),
+                PutOutcome::Stored,
+                "{key}"
+            );
+            for client in [&a, &b, &reader] {
+                let got = client.get(&key).await.unwrap();
+                assert!(
+                    got == value,
+                    "{key}: {len} bytes differ via {:?}",
+                    client.endpoint()
+                );
+            }
+            assert_eq!(reader.get_size(&key).await.unwrap(), len as u64);
+            assert_eq!(reader.get_replica_desc(&key).await.unwrap().len(), 2);
+        }
+        for client in [a, b, reader] {
+            client.close().await.unwrap();
+        }
+    }
+    master.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn second_put_keeps_the_first_write_and_says_so() {
+    let master = start_master().await;
+    let a = node(&master, 16 << 20, TransportMode::Auto).await;
+    let cfg = ReplicateConfig::default();
+    assert_eq!(
+        a.put("k", b"first", &cfg).await.unwrap(),
+        PutOutcome::Stored
+    );
+    assert_eq!(
+        a.put("k", b"second!", &cfg).await.unwrap(),
+        PutOutcome::AlreadyPresent
+    );
+    assert_eq!(a.get("k").await.unwrap(), b"first");
+    a.close().await.unwrap();
+    master.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_keys_full_stores_and_small_buffers_get_clear_errors() {
+    let master = start_master().await;
+    let a = node(&master, 1 << 20, TransportMode::Auto).await;
+    let cfg = ReplicateConfig::default();
+    let err = a.get("nope").await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::OBJECT_NOT_FOUND);
+    assert!(!a.is_exist("nope").await.unwrap());
+    // Bigger than the whole cluster: NO_AVAILABLE_HANDLE, nothing left behind.
+    let err = a.put("huge", &vec![1u8; 2 << 20], &cfg).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::NO_AVAILABLE_HANDLE);
+    assert!(!a.is_exist("huge").await.unwrap());
+    a.put("small", &pattern(1000, 3), &cfg).await.unwrap();
+    let mut buf = vec![0u8; 10];
+    let err = a.get_into("small", &mut buf).await.unwrap_err();
+    assert!(matches!(err, StoreError::BufferTooSmall { .. }));
+    let mut buf = vec![0u8; 4096];
+    assert_eq!(a.get_into("small", &mut buf).await.unwrap(), 1000);
+    assert_eq!(&buf[..1000], &pattern(1000, 3)[..]);
+    let err = a.put("", b"x", &cfg).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::INVALID_PARAMS);
+    a.close().await.unwrap();
+    master.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn batches_return_one_result_per_key_in_order() {
+    let master = start_master().await;
+    let a = node(&master, 32 << 20, TransportMode::Auto).await;
+    let b = node(&master, 32 << 20, TransportMode::Auto).await;
+    let values: Vec<Vec<u8>> = (0..64).map(|i| pattern(1000 + i * 100, i as u8)).collect();
+    let keys: Vec<String> = (0..64).map(|i| format!("batch-{i}")).collect();
+    a.put("batch-5", b"already", &ReplicateConfig::default())
+        .await
+        .unwrap();
+    let items: Vec<(&str, &[u8])> = keys
+        .iter()
+        .map(|k| k.as_str())
+        .zip(values.iter().map(|v| v.as_slice()))
+        .collect();
+    let results = a.put_batch(&items, &ReplicateConfig::default()).await;
+    assert_eq!(results.len(), 64);
+    for (i, r) in results.iter().enumerate() {
+        let expected = if i == 5 {
+            PutOutcome::AlreadyPresent
+        } else {
+            PutOutcome::Stored
+        };
+        assert_eq!(r.as_ref().unwrap(), &expected, "entry {i}");
+    }
+    let mut probe: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+    probe.push("absent");
+    let got = b.get_batch(&probe).await;
+    assert_eq!(got.len(), 65);
+    for i in 0..64 {
+        let expected: &[u8] = if i == 5 { b"already" } else { &values[i] };
+        assert_eq!(got[i].as_ref().unwrap().as_slice(), expected, "entry {i}");
+    }
+    assert_eq!(
+        got[64].as_ref().unwrap_err().code(),
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    let removed = b.batch_remove(&["batch-1", "absent"], true).await.unwrap();
+    assert_eq!(removed, vec![Ok(()), Err(ErrorCode::OBJECT_NOT_FOUND)]);
+    assert_eq!(b.remove_by_regex("^batch-1", true).await.unwrap(), 10);
+    a.close().await.unwrap();
+    b.close().await.unwrap();
+    master.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_replica_falls_back_to_the_next_one() {
+    let master = start_master().await;
+    let a = node(&master, 16 << 20, TransportMode::Tcp).await;
+    let b = node(&master, 16 << 20, TransportMode::Tcp).await;
+    let reader = node(&master, 0, TransportMode::Tcp).await;
+    let two = ReplicateConfig {
+        replica_num: 2,
+        ..ReplicateConfig::default()
+    };
+    let value = pattern(300_000, 9);
+    // The master orders replicas from a random start: with 16 keys some list `a` first.
+    for i in 0..16 {
+        reader
+            .put(&format!("both-{i}"), &value, &two)
+            .await
+            .unwrap();
+    }
+    // Kill a's data plane without telling the master: its replicas are still listed.
+    a.abort();
+    for i in 0..16 {
+        assert_eq!(
+            reader.get(&format!("both-{i}")).await.unwrap(),
+            value,
+            "key {i}"
+        );
+    }
+    let keys: Vec<String> = (0..16).map(|i| format!("both-{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+    for got in reader.get_batch(&refs).await {
+        assert_eq!(got.unwrap(), value);
+    }
+    assert!(
+        reader
+            .stats()
+            .replica_fallbacks
+            .load(std::sync::atomic::Ordering::Relaxed)
+            >= 1
+    );
+    b.close().await.unwrap();
+    reader.close().await.unwrap();
+    master.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn registered_buffers_and_parts_work_without_copies() {
+    let master = start_master().await;
+    let a = node(&master, 16 << 20, TransportMode::Auto).await;
+    let mut arena = vec![0u8; 1 << 20];
+    let value = pattern(200_000, 4);
+    arena[..value.len()].copy_from_slice(&value);
+    // SAFETY: `arena` outlives the registration (unregistered below before it drops).
+    unsafe { a.register_buffer(arena.as_mut_ptr(), arena.len()) }.unwrap();
+    a.put("zc", &arena[..value.len()], &ReplicateConfig::default())
+        .await
+        .unwrap();
+    let n = a.get_into("zc", &mut arena[500_000..]).await.unwrap();
+    assert_eq!(&arena[500_000..500_000 + n as usize], &value[..]);
+    a.unregister_buffer(arena.as_mut_ptr()).unwrap();
+    a.put_parts(
+        "parts",
+        &[b"hello ", b"", b"world"],
+        &ReplicateConfig::default(),
+    )
+    .await
+    .unwrap();
+    assert_eq!(a.get("parts").await.unwrap(), b"hello world");
+    // Two concurrent puts of the same bytes (overlapping registrations) both work.
+    let shared = pattern(100_000, 1);
+    let cfg = ReplicateConfig::default();
+    let (r1, r2) = tokio::join!(
+        a.put("same-1", &shared, &cfg),
+        a.put("same-2", &shared[10..], &cfg)
+    );
+    r1.unwrap();
+    r2.unwrap();
+    assert_eq!(a.get("same-2").await.unwrap(), &shared[10..]);
+    a.close().await.unwrap();
+    assert_eq!(
+        a.get("zc").await.unwrap_err().code(),
+        ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+    );
+    master.shutdown().await;
+}
