@@ -4,8 +4,10 @@
 //! Owns: request construction, error typing, connection reuse. Must never: interpret replica
 //! bytes it did not verify, or retry an operation that is not idempotent without saying so.
 
+pub mod blocking;
 pub mod master_client;
 pub mod store;
 
+pub use blocking::BlockingStoreClient;
 pub use master_client::{MasterClient, MasterError};
 pub use store::{PutOutcome, StoreClient, StoreConfig, StoreError};

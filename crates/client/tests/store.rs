@@ -248,3 +248,37 @@ async fn registered_buffers_and_parts_work_without_copies() {
     );
     master.shutdown().await;
 }
+
+#[test]
+fn the_blocking_facade_serves_many_threads_at_once() {
+    use mooncake_client::BlockingStoreClient;
+    let rt = tokio::runtime::Runtime::new().unwrap();
+    let master = rt.block_on(start_master());
+    let config = StoreConfig {
+        master_addr: master.rpc_addr().to_string(),
+        global_segment_size: 32 << 20,
+        ..StoreConfig::default()
+    };
+    let store = std::sync::Arc::new(BlockingStoreClient::connect(config, 2).unwrap());
+    let threads: Vec<_> = (0..8)
+        .map(|t| {
+            let store = store.clone();
+            std::thread::spawn(move || {
+                for i in 0..50 {
+                    let key = format!("t{t}-{i}");
+                    let value = pattern(100 + i * 37, t as u8);
+                    store
+                        .put(&key, &value, &ReplicateConfig::default())
+                        .unwrap();
+                    assert_eq!(store.get(&key).unwrap(), value, "{key}");
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert!(store.is_exist("t7-49").unwrap());
+    store.close().unwrap();
+    rt.block_on(master.shutdown());
+}
