@@ -99,6 +99,7 @@ impl ShmServer {
             // Shared by every user's engines, like /tmp (sticky: nobody removes others' dirs).
             let _ = std::fs::set_permissions(base_dir, std::fs::Permissions::from_mode(0o1777));
         }
+        remove_stale_sockets(base_dir);
         let dir = base_dir.join(name);
         std::fs::DirBuilder::new()
             .mode(0o700)
@@ -152,6 +153,33 @@ impl Drop for ShmServer {
     fn drop(&mut self) {
         if self.thread.is_some() {
             self.shutdown();
+        }
+    }
+}
+
+/// Removes engine directories left by processes that died without cleaning up (SIGKILL): a
+/// socket nobody listens on refuses connections. Anything else (live, not ours) is left alone.
+fn remove_stale_sockets(base_dir: &Path) {
+    let Ok(entries) = std::fs::read_dir(base_dir) else {
+        return;
+    };
+    for entry in entries.flatten().take(4096) {
+        let dir = entry.path();
+        let socket = dir.join("transfer.sock");
+        // A socket between bind() and listen() also refuses: only consider old files.
+        let old = std::fs::metadata(&socket)
+            .and_then(|m| m.modified())
+            .ok()
+            .and_then(|t| t.elapsed().ok())
+            .is_some_and(|age| age > Duration::from_secs(5));
+        if !old {
+            continue;
+        }
+        if let Err(err) = UnixStream::connect(&socket) {
+            if err.kind() == std::io::ErrorKind::ConnectionRefused {
+                let _ = std::fs::remove_file(&socket);
+                let _ = std::fs::remove_dir(&dir);
+            }
         }
     }
 }

@@ -411,3 +411,27 @@ fn dropping_the_engine_fails_pending_entries_promptly() {
     local.write_at(0, &[1]).unwrap();
     frozen.signal(libc::SIGCONT);
 }
+
+#[test]
+fn socket_dirs_of_killed_peers_are_cleaned_by_the_next_engine() {
+    let mut victim = PeerProcess::spawn(4096);
+    let socket = victim.endpoint.shm_path().unwrap().to_path_buf();
+    assert!(socket.exists());
+    victim.kill(); // SIGKILL: no cleanup of its own
+    assert!(socket.exists(), "the kernel does not remove socket files");
+    // Only sockets older than 5 s are considered (a starting engine's socket refuses too).
+    let young = engine(TransportMode::Auto, 10_000);
+    assert!(
+        socket.exists(),
+        "a fresh socket file must not be taken for stale"
+    );
+    drop(young);
+    std::thread::sleep(Duration::from_millis(5_200));
+    let _next = engine(TransportMode::Auto, 10_000);
+    assert!(
+        !socket.exists(),
+        "stale socket {} left behind",
+        socket.display()
+    );
+    assert!(!socket.parent().unwrap().exists());
+}
