@@ -70,7 +70,7 @@ impl Mapping {
             .ok_or_else(|| TransferError::InvalidParams(format!("size {len_bytes} too large")))?;
         let c_name = CString::new(name.replace('\0', "_"))
             .map_err(|e| TransferError::InvalidParams(e.to_string()))?;
-        let mut flags = libc::MFD_CLOEXEC;
+        let mut flags = libc::MFD_CLOEXEC | libc::MFD_ALLOW_SEALING;
         if huge {
             flags |= libc::MFD_HUGETLB;
         }
@@ -87,6 +87,13 @@ impl Mapping {
         if unsafe { libc::ftruncate(fd.as_raw_fd(), size) } != 0 {
             return Err(last_os_error("ftruncate"));
         }
+        // Fix the size for good: a peer that receives this fd cannot shrink it under another
+        // peer's mapping (which would SIGBUS that peer) — peers refuse unsealed fds.
+        let seals = libc::F_SEAL_SHRINK | libc::F_SEAL_GROW | libc::F_SEAL_SEAL;
+        // SAFETY: fd is a valid memfd created with MFD_ALLOW_SEALING.
+        if unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_ADD_SEALS, seals) } != 0 {
+            return Err(last_os_error("seal memfd"));
+        }
         let mut mapping = Self::map(fd, mapped_bytes, huge)?;
         mapping.len_bytes = len_bytes;
         Ok(mapping)
@@ -96,6 +103,15 @@ impl Mapping {
     pub fn map_received(fd: OwnedFd, len_bytes: usize) -> Result<Mapping, TransferError> {
         if len_bytes == 0 {
             return Err(TransferError::InvalidParams("zero-length segment".into()));
+        }
+        // Only a size-sealed memfd is safe to map: otherwise anyone holding the fd could shrink
+        // it and our next access past the new end would SIGBUS this process.
+        // SAFETY: F_GET_SEALS on a valid fd has no memory-safety preconditions.
+        let seals = unsafe { libc::fcntl(fd.as_raw_fd(), libc::F_GET_SEALS) };
+        if seals < 0 || seals & libc::F_SEAL_SHRINK == 0 {
+            return Err(TransferError::InvalidParams(
+                "received fd is not a memfd sealed against shrinking".into(),
+            ));
         }
         // The fd's own size bounds what we may touch: mapping past its end would SIGBUS.
         // SAFETY: stat is plain output memory; fd is valid.
@@ -202,6 +218,30 @@ mod tests {
         assert_eq!(mapping.len_bytes(), 3 << 20);
         // SAFETY: inside the mapping.
         unsafe { *mapping.as_ptr().add((3 << 20) - 1) = 1 };
+    }
+
+    #[test]
+    fn segments_are_size_sealed_and_unsealed_fds_are_refused() {
+        let mapping = Mapping::allocate("sealed", 8192, false).unwrap();
+        let fd = mapping.fd().unwrap();
+        // SAFETY: valid fd.
+        let shrunk = unsafe { libc::ftruncate(fd.as_raw_fd(), 4096) };
+        assert_ne!(shrunk, 0, "a sealed memfd must refuse to shrink");
+        let dup = fd.try_clone().unwrap();
+        assert!(Mapping::map_received(dup, 8192).is_ok());
+
+        // A plain memfd without seals is refused by the receiving side.
+        // SAFETY: a literal C string; the fd is wrapped at once.
+        let raw = unsafe { libc::memfd_create(c"plain".as_ptr(), libc::MFD_CLOEXEC) };
+        assert!(raw >= 0);
+        // SAFETY: fresh fd owned by nobody else.
+        let plain = unsafe { OwnedFd::from_raw_fd(raw) };
+        // SAFETY: valid fd.
+        assert_eq!(unsafe { libc::ftruncate(plain.as_raw_fd(), 8192) }, 0);
+        assert!(matches!(
+            Mapping::map_received(plain, 8192),
+            Err(TransferError::InvalidParams(_))
+        ));
     }
 
     #[test]
