@@ -19,4 +19,4 @@ for b in "${backends[@]}"; do
   fi
 done
 cargo test --release -p mooncake-storage "${args[@]}" -- --nocapture --test-threads=1 2>&1 \
-  | grep -E "^crash |test result|panicked|FAILED"
+  | grep -oE "crash [a-z]+/[a-z]+: .*|test result.*|panicked.*|FAILED.*"
