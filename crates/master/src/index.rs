@@ -40,6 +40,105 @@ pub(crate) fn key_hash(tenant: Tenant<'_>, key: &str) -> u64 {
     h.finish()
 }
 
+/// The routing bits of a hash (those `shard_of` reads).
+const SHARD_BITS: u64 = ((SHARD_COUNT as u64) - 1) << 32;
+
+/// The hash of a group id: a grouped key lives in `shard_of(group_hash(g))`, whatever its tenant.
+pub(crate) fn group_hash(group: &str) -> u64 {
+    let mut h = foldhash::fast::FixedState::with_seed(HASH_SEED ^ 0x67).build_hasher();
+    h.write(group.as_bytes());
+    h.finish()
+}
+
+/// A key's hash with its shard bits taken from its group: the shard becomes the group's, while
+/// the stripe and the in-shard table bits stay the key's own.
+pub(crate) fn routed(key_hash: u64, group_hash: u64) -> u64 {
+    (key_hash & !SHARD_BITS) | (group_hash & SHARD_BITS)
+}
+
+/// One grouped key's route.
+#[derive(Debug)]
+struct Route {
+    tenant: Option<TenantId>,
+    key: Box<str>,
+    group_hash: u64,
+}
+
+impl Route {
+    fn matches(&self, tenant: Tenant<'_>, key: &str) -> bool {
+        &*self.key == key
+            && match (tenant, &self.tenant) {
+                (Tenant::Default, None) => true,
+                (Tenant::Named(t), Some(id)) => id.as_str() == t,
+                _ => false,
+            }
+    }
+}
+
+/// The group routing index (scoped key → group shard), consulted before every key lookup.
+/// Invariant, kept by PutStart/UpsertStart under the key's stripe lock: a key with a route lives
+/// (if at all) in its group's shard; a key without one lives in its own shard. A route whose
+/// object is gone is harmless (lookups there find nothing) and is replaced or dropped by the
+/// next start of that key.
+#[derive(Debug, Default)]
+pub(crate) struct Routes {
+    table: RwLock<HashTable<Route>>,
+    len: std::sync::atomic::AtomicUsize,
+}
+
+impl Routes {
+    /// The group hash `key` is routed by, if any. Lock-free when no key is grouped.
+    pub fn lookup(&self, tenant: Tenant<'_>, key: &str, hash: u64) -> Option<u64> {
+        if self.len.load(std::sync::atomic::Ordering::Acquire) == 0 {
+            return None;
+        }
+        self.table
+            .read()
+            .find(hash, |r| r.matches(tenant, key))
+            .map(|r| r.group_hash)
+    }
+
+    /// Sets (`Some`) or drops (`None`) the route of `key`.
+    pub fn set(&self, tenant: Tenant<'_>, key: &str, hash: u64, group: Option<u64>) {
+        let mut table = self.table.write();
+        let found = table.find_entry(hash, |r| r.matches(tenant, key));
+        match (found, group) {
+            (Ok(mut e), Some(g)) => e.get_mut().group_hash = g,
+            (Ok(e), None) => {
+                e.remove();
+            }
+            (Err(_), Some(g)) => {
+                let tenant_id = match tenant {
+                    Tenant::Default => None,
+                    Tenant::Named(t) => TenantId::new(t).ok(),
+                };
+                table.insert_unique(
+                    hash,
+                    Route {
+                        tenant: tenant_id,
+                        key: Box::from(key),
+                        group_hash: g,
+                    },
+                    |r| {
+                        let t = r
+                            .tenant
+                            .as_ref()
+                            .map_or(Tenant::Default, |t| Tenant::Named(t.as_str()));
+                        key_hash(t, &r.key)
+                    },
+                );
+            }
+            (Err(_), None) => {}
+        }
+        self.len
+            .store(table.len(), std::sync::atomic::Ordering::Release);
+    }
+
+    pub fn len(&self) -> usize {
+        self.len.load(std::sync::atomic::Ordering::Acquire)
+    }
+}
+
 pub(crate) fn shard_of(hash: u64) -> usize {
     ((hash >> 32) as usize) & (SHARD_COUNT - 1)
 }

@@ -13,19 +13,27 @@
 //! See docs/master.md.
 
 pub mod allocator;
+mod clients;
 pub mod config;
+mod eviction;
 mod index;
 mod object;
 mod put;
+pub mod quota;
 mod read;
 mod remove;
 mod segments;
 mod service;
 pub mod strategy;
+mod tasks;
+mod upsert;
 
+pub use clients::PING_QUEUE_CAPACITY;
 pub use config::{ConfigError, MasterServiceConfig};
+pub use eviction::EvictionReport;
 pub use index::{SHARD_COUNT, STRIPE_COUNT};
 pub use object::ObjectInfo;
+pub use quota::{effective_quotas, PolicyError, TenantPolicy, TenantQuotaSnapshot};
 pub use segments::SegmentUsage;
 pub use service::{
     AccountingReport, MasterService, PutTimeoutReport, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES,

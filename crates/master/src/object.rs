@@ -8,6 +8,9 @@ use mooncake_common::{
     ReplicaDescriptor, ReplicaId, ReplicaKind, ReplicaStatus, ReplicaType, SoftPinAction,
 };
 use smallvec::SmallVec;
+use std::sync::Arc;
+
+use crate::quota::TenantAccount;
 
 use crate::allocator::BufferHandle;
 
@@ -30,6 +33,9 @@ pub(crate) enum ReplicaData {
 pub(crate) struct Replica {
     pub id: ReplicaId,
     pub status: ReplicaStatus,
+    /// Pins the replica against eviction, removal and upsert while a copy or move reads it.
+    /// Changed only under the shard's write lock.
+    pub refcnt: u32,
     pub data: ReplicaData,
 }
 
@@ -58,6 +64,26 @@ impl Replica {
 
     pub fn is_complete(&self) -> bool {
         self.status == ReplicaStatus::COMPLETE
+    }
+
+    /// Bytes this replica holds against its tenant's quota (memory-like replicas only).
+    pub fn charged_bytes(&self) -> u64 {
+        self.handle().map_or(0, BufferHandle::len)
+    }
+
+    /// Eviction may take it: a COMPLETE, live MEMORY replica that nothing is reading.
+    pub fn is_evictable(&self) -> bool {
+        self.is_complete()
+            && self.refcnt == 0
+            && matches!(&self.data, ReplicaData::Memory(h) if h.is_live())
+    }
+
+    /// The name of the segment it lives on (memory-like replicas with a live segment).
+    #[allow(dead_code)] // Copy/Move RPCs are the next slice.
+    pub fn segment_name(&self) -> Option<std::sync::Arc<str>> {
+        self.handle()
+            .and_then(BufferHandle::allocator)
+            .map(|a| a.info().name.clone())
     }
 
     /// The descriptor, if the replica can be described (a memory replica needs its allocator).
@@ -100,12 +126,36 @@ pub(crate) struct PendingSoftPin {
     pub ttl_ms: u64,
 }
 
+/// Which kind of replication task holds an object.
+#[allow(dead_code)] // Copy/Move RPCs are the next slice.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum TaskKind {
+    Copy,
+    Move,
+}
+
+/// An in-flight CopyStart/MoveStart (at most one per object).
+#[allow(dead_code)] // Copy/Move RPCs are the next slice.
+#[derive(Debug, Clone)]
+pub(crate) struct ReplicationTask {
+    pub client: ClientId,
+    pub start_ms: u64,
+    pub kind: TaskKind,
+    pub source: ReplicaId,
+    pub targets: Vec<ReplicaId>,
+}
+
 /// Rarely-set fields, out of line so that the common object stays small.
 #[derive(Debug, Default)]
 pub(crate) struct ObjectExtra {
-    /// Group id (Master core II routes grouped keys by it).
+    /// Group id: the key lives in the group's shard.
     pub group: Option<Box<str>>,
     pub pending_soft_pin: Option<PendingSoftPin>,
+    /// The tenant's quota account, when quotas are on: every memory replica's bytes are charged
+    /// to it while the object holds the replica (see `ObjectMetadata::retain_replicas`).
+    pub account: Option<Arc<TenantAccount>>,
+    /// The object's copy or move task.
+    pub task: Option<ReplicationTask>,
 }
 
 pub(crate) const FLAG_HARD_PIN: u8 = 1;
@@ -175,9 +225,81 @@ impl ObjectMetadata {
 
     /// Lazy cleanup: erase memory-like replicas whose segment is gone. True if any was erased.
     pub fn drop_dead_replicas(&mut self) -> bool {
+        self.retain_replicas(Replica::is_valid) > 0
+    }
+
+    /// Keeps the replicas `keep` accepts; the others are dropped (their buffers freed) and their
+    /// bytes refunded to the tenant's quota. Returns how many were dropped.
+    pub fn retain_replicas(&mut self, mut keep: impl FnMut(&Replica) -> bool) -> usize {
         let before = self.replicas.len();
-        self.replicas.retain(|r| r.is_valid());
-        self.replicas.len() != before
+        let mut refund = 0u64;
+        self.replicas.retain(|r| {
+            let k = keep(r);
+            if !k {
+                refund += r.charged_bytes();
+            }
+            k
+        });
+        self.refund(refund);
+        before - self.replicas.len()
+    }
+
+    /// Takes every replica out (to discard them), refunding their bytes.
+    pub fn take_replicas(&mut self) -> Vec<Replica> {
+        self.extract_replicas(|_| true)
+    }
+
+    /// Takes out the replicas `take` selects (to discard them), refunding their bytes.
+    pub fn extract_replicas(&mut self, mut take: impl FnMut(&Replica) -> bool) -> Vec<Replica> {
+        let mut out = Vec::new();
+        let mut keep = SmallVec::new();
+        for r in std::mem::take(&mut self.replicas) {
+            if take(&r) {
+                out.push(r);
+            } else {
+                keep.push(r);
+            }
+        }
+        self.replicas = keep;
+        self.refund(out.iter().map(Replica::charged_bytes).sum());
+        out
+    }
+
+    pub fn account(&self) -> Option<&Arc<TenantAccount>> {
+        self.extra.as_ref().and_then(|e| e.account.as_ref())
+    }
+
+    fn refund(&self, bytes: u64) {
+        if bytes > 0 {
+            if let Some(a) = self.account() {
+                a.refund(bytes);
+            }
+        }
+    }
+
+    /// Bytes this object holds against its tenant's quota.
+    pub fn charged_bytes(&self) -> u64 {
+        self.replicas.iter().map(Replica::charged_bytes).sum()
+    }
+
+    pub fn group(&self) -> Option<&str> {
+        self.extra.as_ref().and_then(|e| e.group.as_deref())
+    }
+
+    pub fn task(&self) -> Option<&ReplicationTask> {
+        self.extra.as_ref().and_then(|e| e.task.as_ref())
+    }
+
+    pub fn has_task(&self) -> bool {
+        self.task().is_some()
+    }
+
+    pub fn extra_mut(&mut self) -> &mut ObjectExtra {
+        self.extra.get_or_insert_with(Box::default)
+    }
+
+    pub fn soft_pinned(&self, now_ms: u64) -> bool {
+        self.soft_pin_deadline_ms > now_ms
     }
 
     /// True while the read lease runs (`now < lease_timeout`).
@@ -205,13 +327,21 @@ impl ObjectMetadata {
 
     /// Drops the extra box when nothing in it is set.
     pub fn compact_extra(&mut self) {
-        if self
-            .extra
-            .as_ref()
-            .is_some_and(|e| e.group.is_none() && e.pending_soft_pin.is_none())
-        {
+        if self.extra.as_ref().is_some_and(|e| {
+            e.group.is_none()
+                && e.pending_soft_pin.is_none()
+                && e.account.is_none()
+                && e.task.is_none()
+        }) {
             self.extra = None;
         }
+    }
+}
+
+impl Drop for ObjectMetadata {
+    /// An erased object returns its replicas' bytes to the tenant's quota.
+    fn drop(&mut self) {
+        self.refund(self.charged_bytes());
     }
 }
 

@@ -9,7 +9,7 @@ use mooncake_common::{
 };
 use smallvec::SmallVec;
 
-use crate::index::{key_hash, Tenant};
+use crate::index::{group_hash, key_hash, routed, Tenant};
 use crate::object::{
     ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Replica, ReplicaData,
     FLAG_HARD_PIN, FLAG_PROCESSING,
@@ -17,14 +17,21 @@ use crate::object::{
 use crate::service::{MasterService, SoftPinDeadline, MAX_KEY_LEN_BYTES};
 use crate::strategy::{place, AllocationStrategy, PlacementRequest};
 
+/// Whether a start is a put (refuses live keys) or an upsert (rewrites them).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum StartMode {
+    Put,
+    Upsert,
+}
+
 /// One key's share of a (batch) PutStart.
-struct PutArgs<'a> {
-    key: &'a str,
-    slice_length: u64,
-    config: &'a ReplicateConfig,
-    group: Option<&'a str>,
+pub(crate) struct PutArgs<'a> {
+    pub key: &'a str,
+    pub slice_length: u64,
+    pub config: &'a ReplicateConfig,
+    pub group: Option<&'a str>,
     /// Replaces the config's preferred names (BatchPutStart with `prefer_alloc_in_same_node`).
-    preferred_override: Option<&'a str>,
+    pub preferred_override: Option<&'a str>,
 }
 
 impl MasterService {
@@ -114,48 +121,119 @@ impl MasterService {
             group,
             preferred_override: None,
         };
-        self.put_start_one(client, &args, tenant, false)
+        self.put_start_one(client, &args, tenant, false, StartMode::Put)
     }
 
-    fn put_start_one(
+    pub(crate) fn put_start_one(
         &self,
         client: ClientId,
         args: &PutArgs<'_>,
         tenant: Tenant<'_>,
         batch: bool,
+        mode: StartMode,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let config = args.config;
         let pending_soft_pin =
             self.validate_put(args.key, args.slice_length, config, tenant, batch)?;
         let key = args.key;
-        let hash = key_hash(tenant, key);
-        let _stripe = self.index.stripe(hash).lock();
-        let mut shard = self.index.shard(hash).write();
+        let own_hash = key_hash(tenant, key);
+        let _stripe = self.index.stripe(own_hash).lock();
+        let account = self.tenant_account(tenant)?;
+        let group = args.group.filter(|g| !g.is_empty());
+        let old_hash = self.route(tenant, key);
+        let new_hash = group.map_or(own_hash, |g| routed(own_hash, group_hash(g)));
         let now = self.clock.now_ms();
+        let release_ms = self.config.release_timeout_ms();
+        let mut carried_hard_pin = false;
+        let mut carried_soft_pin_ms = 0;
 
-        if let Some(state) = shard.tenant_mut(tenant) {
-            let mut erase = false;
-            if let Some(entry) = state.find_mut(hash, key) {
-                let meta = &mut entry.meta;
-                meta.drop_dead_replicas();
-                if meta.is_valid() {
-                    let recent = meta
-                        .put_start_ms
-                        .saturating_add(self.config.discard_timeout_ms())
-                        >= now;
-                    if meta.has_complete() || recent {
-                        return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+        {
+            let mut shard = self.index.shard(old_hash).write();
+            if let Some(state) = shard.tenant_mut(tenant) {
+                let mut erase = false;
+                if let Some(entry) = state.find_mut(old_hash, key) {
+                    let meta = &mut entry.meta;
+                    meta.drop_dead_replicas();
+                    if meta.is_valid() {
+                        match mode {
+                            StartMode::Put => {
+                                let recent = meta
+                                    .put_start_ms
+                                    .saturating_add(self.config.discard_timeout_ms())
+                                    >= now;
+                                if meta.has_complete() || recent {
+                                    return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+                                }
+                                // Pre-empt the stale put: keep its buffers until its release time.
+                                let release_at = meta.put_start_ms.saturating_add(release_ms);
+                                self.discard(meta.take_replicas(), release_at);
+                            }
+                            StartMode::Upsert => {
+                                if meta.group() != group {
+                                    return Err(ErrorCode::INVALID_PARAMS);
+                                }
+                                if meta.has_task() {
+                                    return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
+                                }
+                                if meta.replicas.iter().any(|r| r.refcnt > 0) {
+                                    return Err(ErrorCode::OBJECT_REPLICA_BUSY);
+                                }
+                                if meta.is_processing() {
+                                    // Pre-empt the in-flight write at once.
+                                    let stale = meta.extract_replicas(|r| {
+                                        r.status == ReplicaStatus::PROCESSING
+                                    });
+                                    self.discard(stale, now.saturating_add(release_ms));
+                                    meta.set(FLAG_PROCESSING, false);
+                                }
+                                if meta.has_complete() {
+                                    if meta.size == args.slice_length {
+                                        return Ok(Self::rewrite_in_place(
+                                            meta,
+                                            client,
+                                            config,
+                                            pending_soft_pin,
+                                            now,
+                                        ));
+                                    }
+                                    carried_hard_pin = meta.has(FLAG_HARD_PIN);
+                                    if meta.soft_pinned(now) {
+                                        carried_soft_pin_ms = meta.soft_pin_deadline_ms;
+                                    }
+                                    self.discard(
+                                        meta.take_replicas(),
+                                        now.saturating_add(release_ms),
+                                    );
+                                }
+                            }
+                        }
                     }
-                    // Pre-empt the stale put: keep its buffers until its release time.
-                    let release_at = meta
-                        .put_start_ms
-                        .saturating_add(self.config.release_timeout_ms());
-                    self.discard(std::mem::take(&mut meta.replicas).into_vec(), release_at);
+                    erase = true;
                 }
-                erase = true;
+                if erase {
+                    state.remove(old_hash, key);
+                    shard.drop_tenant_if_empty(tenant);
+                }
             }
-            if erase {
-                state.remove(hash, key);
+        }
+        if group.is_some() || old_hash != own_hash {
+            self.routes
+                .set(tenant, key, own_hash, group.map(group_hash));
+        }
+
+        // Quota: charge the full request now, with up to two tenant-scoped evictions.
+        let want = args.slice_length.saturating_mul(config.replica_num as u64);
+        if let Some(acc) = &account {
+            let mut tries = 0;
+            while let Err(deficit) = acc.try_charge(want) {
+                if deficit == u64::MAX {
+                    return Err(ErrorCode::TENANT_NOT_REGISTERED);
+                }
+                if tries == 2 {
+                    return Err(ErrorCode::TENANT_QUOTA_EXCEEDED);
+                }
+                tries += 1;
+                self.evict_for_tenant(tenant, deficit);
             }
         }
 
@@ -184,7 +262,7 @@ impl MasterService {
                 replica_num: config.replica_num,
                 preferred,
                 local_host,
-                key_hash: hash,
+                key_hash: own_hash,
             };
             let handles = place(&segs.allocatable, self.config.allocation_strategy, &req);
             if handles.is_empty() && segs.allocatable.name_count() >= config.replica_num {
@@ -192,8 +270,10 @@ impl MasterService {
             }
             handles
         };
+        if let Some(acc) = &account {
+            acc.refund(want.saturating_sub(handles.iter().map(|h| h.len()).sum()));
+        }
         if handles.is_empty() {
-            shard.drop_tenant_if_empty(tenant);
             return Err(ErrorCode::NO_AVAILABLE_HANDLE);
         }
 
@@ -202,6 +282,7 @@ impl MasterService {
             .map(|h| Replica {
                 id: self.next_replica_id(),
                 status: ReplicaStatus::PROCESSING,
+                refcnt: 0,
                 data: ReplicaData::Memory(h),
             })
             .collect();
@@ -210,14 +291,16 @@ impl MasterService {
             .filter_map(|r| r.descriptor(args.slice_length))
             .collect();
         let extra =
-            (args.group.is_some_and(|g| !g.is_empty()) || pending_soft_pin.is_some()).then(|| {
+            (group.is_some() || pending_soft_pin.is_some() || account.is_some()).then(|| {
                 Box::new(ObjectExtra {
-                    group: args.group.filter(|g| !g.is_empty()).map(Box::from),
+                    group: group.map(Box::from),
                     pending_soft_pin,
+                    account,
+                    task: None,
                 })
             });
         let mut flags = FLAG_PROCESSING;
-        if config.with_hard_pin {
+        if config.with_hard_pin || carried_hard_pin {
             flags |= FLAG_HARD_PIN;
         }
         let entry = Box::new(ObjectEntry {
@@ -228,7 +311,7 @@ impl MasterService {
                 put_start_ms: now,
                 lease_timeout_ms: AtomicU64::new(0),
                 last_access_ms: AtomicU64::new(now),
-                soft_pin_deadline_ms: 0,
+                soft_pin_deadline_ms: carried_soft_pin_ms,
                 checksum: 0,
                 flags,
                 data_type: config.data_type,
@@ -236,8 +319,46 @@ impl MasterService {
                 replicas,
             },
         });
-        shard.tenant_or_insert(tenant).insert(tenant, hash, entry);
+        let mut shard = self.index.shard(new_hash).write();
+        let state = shard.tenant_or_insert(tenant);
+        if state.find(new_hash, key).is_some() {
+            // Cannot happen while the stripe is held; refuse rather than overwrite.
+            drop(entry);
+            shard.drop_tenant_if_empty(tenant);
+            return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+        }
+        state.insert(tenant, new_hash, entry);
         Ok(descriptors)
+    }
+
+    /// Same-size upsert: every COMPLETE replica goes back to PROCESSING (the key is unreadable
+    /// until End), the writer and start time change, and the existing descriptors are returned.
+    fn rewrite_in_place(
+        meta: &mut ObjectMetadata,
+        client: ClientId,
+        config: &ReplicateConfig,
+        pending_soft_pin: Option<PendingSoftPin>,
+        now_ms: u64,
+    ) -> Vec<ReplicaDescriptor> {
+        for r in meta.replicas.iter_mut() {
+            if r.status == ReplicaStatus::COMPLETE {
+                r.status = ReplicaStatus::PROCESSING;
+            }
+        }
+        meta.client_id = client;
+        meta.put_start_ms = now_ms;
+        meta.set(FLAG_PROCESSING, true);
+        if config.with_hard_pin {
+            meta.set(FLAG_HARD_PIN, true);
+        }
+        if pending_soft_pin.is_some() {
+            meta.extra_mut().pending_soft_pin = pending_soft_pin;
+        }
+        let size = meta.size;
+        meta.replicas
+            .iter()
+            .filter_map(|r| r.descriptor(size))
+            .collect()
     }
 
     /// PutEnd: marks the selected PROCESSING replicas COMPLETE (the object becomes readable).
@@ -254,7 +375,7 @@ impl MasterService {
     ) -> Result<(), ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
         let key = meta.key.as_str();
-        let hash = key_hash(tenant, key);
+        let hash = self.route(tenant, key);
         let mut shard = self.index.shard(hash).write();
         let now = self.clock.now_ms();
         let state = shard
@@ -344,7 +465,7 @@ impl MasterService {
         tenant: &str,
     ) -> Result<(), ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
-        let hash = key_hash(tenant, key);
+        let hash = self.route(tenant, key);
         let mut shard = self.index.shard(hash).write();
         let state = shard
             .tenant_mut(tenant)
@@ -370,7 +491,7 @@ impl MasterService {
         {
             return Err(ErrorCode::INVALID_WRITE);
         }
-        m.replicas.retain(|r| !selected(r));
+        m.retain_replicas(|r| !selected(r));
         if !m.is_valid() {
             state.remove(hash, key);
             shard.drop_tenant_if_empty(tenant);
@@ -402,6 +523,18 @@ impl MasterService {
         config: &ReplicateConfig,
         tenant: &str,
     ) -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>> {
+        self.batch_start(client, keys, slice_lengths, config, tenant, StartMode::Put)
+    }
+
+    pub(crate) fn batch_start(
+        &self,
+        client: ClientId,
+        keys: &[String],
+        slice_lengths: &[u64],
+        config: &ReplicateConfig,
+        tenant: &str,
+        mode: StartMode,
+    ) -> Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>> {
         let groups = config.group_ids.as_deref();
         if keys.len() != slice_lengths.len() || groups.is_some_and(|g| g.len() != keys.len()) {
             return vec![Err(ErrorCode::INVALID_PARAMS); keys.len()];
@@ -420,7 +553,7 @@ impl MasterService {
                 group: groups.map(|g| g[i].as_str()),
                 preferred_override: preferred_endpoint.as_deref(),
             };
-            let result = self.put_start_one(client, &args, tenant, true);
+            let result = self.put_start_one(client, &args, tenant, true, mode);
             if config.prefer_alloc_in_same_node && preferred_endpoint.is_none() {
                 if let Ok(descs) = &result {
                     preferred_endpoint = descs

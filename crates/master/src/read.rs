@@ -7,7 +7,7 @@ use std::collections::HashMap;
 use mooncake_common::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaStatus};
 use regex::Regex;
 
-use crate::index::{key_hash, shard_of, Tenant, SHARD_COUNT};
+use crate::index::{shard_of, Tenant, TenantState, SHARD_COUNT};
 use crate::object::{ObjectEntry, ObjectInfo, ObjectMetadata, Replica};
 use crate::service::{MasterService, MAX_REGEX_COMPILED_BYTES, MAX_REGEX_LEN_BYTES};
 
@@ -58,15 +58,33 @@ impl MasterService {
                 .any(|r| r.is_complete() && r.is_valid())
     }
 
+    /// Grants the read lease and refreshes the last access. A grouped object shares its lease:
+    /// when the accessed member's lease is under half the TTL, every member of its group (all in
+    /// this shard) is leased too.
+    fn grant_read(&self, state: Option<&TenantState>, entry: &ObjectEntry, now_ms: u64) {
+        let ttl = self.config.default_kv_lease_ttl_ms;
+        if let (Some(group), Some(state)) = (entry.meta.group(), state) {
+            if entry.meta.lease_timeout_ms() < now_ms.saturating_add(ttl / 2) {
+                for member in state.objects.iter() {
+                    if member.meta.group() == Some(group) {
+                        member.meta.grant_lease(now_ms, ttl);
+                    }
+                }
+            }
+        }
+        entry.meta.grant_lease(now_ms, ttl);
+        entry.meta.touch(now_ms);
+    }
+
     fn get_entry(
         &self,
+        state: Option<&TenantState>,
         entry: &ObjectEntry,
         now_ms: u64,
     ) -> Result<GetReplicaListResponse, ErrorCode> {
         let replicas = Self::readable(&entry.meta)?;
         let ttl = self.config.default_kv_lease_ttl_ms;
-        entry.meta.grant_lease(now_ms, ttl);
-        entry.meta.touch(now_ms);
+        self.grant_read(state, entry, now_ms);
         Ok(GetReplicaListResponse {
             replicas,
             lease_ttl_ms: ttl,
@@ -74,13 +92,10 @@ impl MasterService {
         })
     }
 
-    fn exist_entry(&self, entry: &ObjectEntry, now_ms: u64) -> bool {
+    fn exist_entry(&self, state: Option<&TenantState>, entry: &ObjectEntry, now_ms: u64) -> bool {
         let found = Self::has_readable(&entry.meta);
         if found {
-            entry
-                .meta
-                .grant_lease(now_ms, self.config.default_kv_lease_ttl_ms);
-            entry.meta.touch(now_ms);
+            self.grant_read(state, entry, now_ms);
         }
         found
     }
@@ -94,24 +109,24 @@ impl MasterService {
         tenant: &str,
     ) -> Result<GetReplicaListResponse, ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
-        let hash = key_hash(tenant, key);
+        let hash = self.route(tenant, key);
         let shard = self.index.shard(hash).read();
-        let entry = shard
-            .tenant(tenant)
+        let state = shard.tenant(tenant);
+        let entry = state
             .and_then(|s| s.find(hash, key))
             .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        self.get_entry(entry, self.clock.now_ms())
+        self.get_entry(state, entry, self.clock.now_ms())
     }
 
     /// Input indices bucketed by shard, in visiting order: from a random shard walking downward
     /// (mod 1024), so concurrent batches do not all queue on shard 0.
-    fn by_shard(tenant: Tenant<'_>, keys: &[String]) -> Vec<(u32, u32, u64)> {
+    fn by_shard(&self, tenant: Tenant<'_>, keys: &[String]) -> Vec<(u32, u32, u64)> {
         let start = fastrand::usize(..SHARD_COUNT);
         let mut order: Vec<(u32, u32, u64)> = keys
             .iter()
             .enumerate()
             .map(|(i, k)| {
-                let hash = key_hash(tenant, k);
+                let hash = self.route(tenant, k);
                 let rank = (start + SHARD_COUNT - shard_of(hash)) % SHARD_COUNT;
                 (rank as u32, i as u32, hash)
             })
@@ -125,9 +140,9 @@ impl MasterService {
         &self,
         tenant: Tenant<'_>,
         keys: &[String],
-        mut f: impl FnMut(usize, Option<&ObjectEntry>),
+        mut f: impl FnMut(usize, Option<&TenantState>, Option<&ObjectEntry>),
     ) {
-        let order = Self::by_shard(tenant, keys);
+        let order = self.by_shard(tenant, keys);
         let mut i = 0;
         while i < order.len() {
             let shard_index = shard_of(order[i].2);
@@ -136,7 +151,7 @@ impl MasterService {
             while i < order.len() && shard_of(order[i].2) == shard_index {
                 let (_, idx, hash) = order[i];
                 let key = &keys[idx as usize];
-                f(idx as usize, state.and_then(|s| s.find(hash, key)));
+                f(idx as usize, state, state.and_then(|s| s.find(hash, key)));
                 i += 1;
             }
         }
@@ -155,9 +170,9 @@ impl MasterService {
         };
         let now = self.clock.now_ms();
         let mut out = vec![Err(ErrorCode::OBJECT_NOT_FOUND); keys.len()];
-        self.for_each_by_shard(tenant, keys, |i, entry| {
+        self.for_each_by_shard(tenant, keys, |i, state, entry| {
             if let Some(entry) = entry {
-                out[i] = self.get_entry(entry, now);
+                out[i] = self.get_entry(state, entry, now);
             }
         });
         out
@@ -167,12 +182,12 @@ impl MasterService {
     /// missing key is `Ok(false)`.
     pub fn exist_key(&self, key: &str, tenant: &str) -> Result<bool, ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
-        let hash = key_hash(tenant, key);
+        let hash = self.route(tenant, key);
         let shard = self.index.shard(hash).read();
-        Ok(shard
-            .tenant(tenant)
+        let state = shard.tenant(tenant);
+        Ok(state
             .and_then(|s| s.find(hash, key))
-            .is_some_and(|e| self.exist_entry(e, self.clock.now_ms())))
+            .is_some_and(|e| self.exist_entry(state, e, self.clock.now_ms())))
     }
 
     /// BatchExistKey: ExistKey per key, in input order, each shard locked once.
@@ -183,8 +198,8 @@ impl MasterService {
         };
         let now = self.clock.now_ms();
         let mut out = vec![Ok(false); keys.len()];
-        self.for_each_by_shard(tenant, keys, |i, entry| {
-            out[i] = Ok(entry.is_some_and(|e| self.exist_entry(e, now)));
+        self.for_each_by_shard(tenant, keys, |i, state, entry| {
+            out[i] = Ok(entry.is_some_and(|e| self.exist_entry(state, e, now)));
         });
         out
     }
@@ -210,7 +225,7 @@ impl MasterService {
                 if !re.is_match(&entry.key) {
                     continue;
                 }
-                if let Ok(resp) = self.get_entry(entry, now) {
+                if let Ok(resp) = self.get_entry(Some(state), entry, now) {
                     out.insert(entry.key.to_string(), resp.replicas);
                 }
             }
@@ -242,7 +257,7 @@ impl MasterService {
     /// A read-only view of one object (admin and tests); no lease, no cleanup. `None` if absent.
     pub fn object_info(&self, key: &str, tenant: &str) -> Result<Option<ObjectInfo>, ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
-        let hash = key_hash(tenant, key);
+        let hash = self.route(tenant, key);
         let shard = self.index.shard(hash).read();
         Ok(shard
             .tenant(tenant)
@@ -257,7 +272,7 @@ impl MasterService {
         tenant: &str,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
-        let hash = key_hash(tenant, key);
+        let hash = self.route(tenant, key);
         let shard = self.index.shard(hash).read();
         let entry = shard
             .tenant(tenant)

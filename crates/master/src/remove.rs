@@ -7,7 +7,7 @@
 
 use mooncake_common::{ClientId, ErrorCode};
 
-use crate::index::{key_hash, shard_of, Shard, Tenant, SHARD_COUNT};
+use crate::index::{shard_of, Shard, Tenant, SHARD_COUNT};
 use crate::object::ObjectMetadata;
 use crate::service::MasterService;
 
@@ -24,6 +24,9 @@ impl MasterService {
         }
         if !meta.all_complete() {
             return Err(ErrorCode::REPLICA_IS_NOT_READY);
+        }
+        if meta.has_task() || meta.replicas.iter().any(|r| r.refcnt > 0) {
+            return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
         }
         Ok(())
     }
@@ -59,7 +62,7 @@ impl MasterService {
     /// Remove: erases the object and frees its buffers. See the module doc for the checks.
     pub fn remove(&self, key: &str, force: bool, tenant: &str) -> Result<(), ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
-        let hash = key_hash(tenant, key);
+        let hash = self.route(tenant, key);
         let mut shard = self.index.shard(hash).write();
         Self::remove_in_shard(&mut shard, tenant, hash, key, self.clock.now_ms(), force)
     }
@@ -76,7 +79,7 @@ impl MasterService {
             .iter()
             .enumerate()
             .map(|(i, k)| {
-                let hash = key_hash(tenant, k);
+                let hash = self.route(tenant, k);
                 (shard_of(hash), i as u32, hash)
             })
             .collect();
@@ -215,14 +218,14 @@ impl MasterService {
             meta.drop_dead_replicas();
             let erase = if !meta.is_valid() {
                 true
-            } else if meta.client_id != client || meta.is_leased(now) {
+            } else if meta.client_id != client || meta.is_leased(now) || meta.has_task() {
                 false
             } else if segment_name.is_empty() {
                 cleared[i] = meta.all_complete();
                 cleared[i]
             } else {
                 let before = meta.replicas.len();
-                meta.replicas.retain(|r| {
+                meta.retain_replicas(|r| {
                     !(r.is_complete()
                         && r.handle()
                             .and_then(|h| h.allocator())

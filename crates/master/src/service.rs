@@ -11,10 +11,14 @@ use std::sync::Arc;
 use mooncake_common::{
     ClientId, Clock, ErrorCode, ReplicaStatus, Segment, SegmentId, SegmentStatus, TenantId,
 };
-use parking_lot::Mutex;
+use parking_lot::{Mutex, RwLock};
+
+use crate::clients::ClientMonitor;
+use crate::quota::QuotaTable;
+use crate::tasks::TaskManager;
 
 use crate::config::{ConfigError, MasterServiceConfig};
-use crate::index::{Index, Tenant, SHARD_COUNT};
+use crate::index::{Index, Routes, Tenant, SHARD_COUNT};
 use crate::object::{Replica, FLAG_PROCESSING};
 use crate::segments::{SegmentManager, SegmentUsage, Segments};
 
@@ -72,6 +76,17 @@ pub struct MasterService {
     /// Set when a PutStart failed for lack of space while enough names exist (Master core II's
     /// eviction reads it).
     pub(crate) need_eviction: AtomicBool,
+    /// Group routing index (scoped key → group shard).
+    pub(crate) routes: Routes,
+    /// Tenant accounts and policy (used only with multi-tenancy on).
+    pub(crate) quota: RwLock<QuotaTable>,
+    /// Ping queue and client deadlines.
+    pub(crate) clients: ClientMonitor,
+    /// Client-executed copy/move tasks.
+    #[allow(dead_code)] // Copy/Move RPCs are the next slice.
+    pub(crate) tasks: Mutex<TaskManager>,
+    /// Serializes eviction cycles (the 10 ms loop and tenant-scoped eviction).
+    pub(crate) eviction_lock: Mutex<()>,
 }
 
 impl fmt::Debug for MasterService {
@@ -96,7 +111,21 @@ impl MasterService {
             discarded: Mutex::new(Vec::new()),
             soft_pins: Mutex::new(BinaryHeap::new()),
             need_eviction: AtomicBool::new(false),
+            routes: Routes::default(),
+            quota: RwLock::new(QuotaTable::default()),
+            clients: ClientMonitor::default(),
+            tasks: Mutex::new(TaskManager::default()),
+            eviction_lock: Mutex::new(()),
         })
+    }
+
+    /// The routing hash of `key`: its own, or with its group's shard bits when it is grouped.
+    pub(crate) fn route(&self, tenant: Tenant<'_>, key: &str) -> u64 {
+        let h = crate::index::key_hash(tenant, key);
+        match self.routes.lookup(tenant, key, h) {
+            Some(g) => crate::index::routed(h, g),
+            None => h,
+        }
     }
 
     pub fn config(&self) -> &MasterServiceConfig {
@@ -133,11 +162,10 @@ impl MasterService {
     /// OK without counting capacity twice; mounted in another status →
     /// UNAVAILABLE_IN_CURRENT_STATUS. Mount does not make the client OK (only ReMount does).
     pub fn mount_segment(&self, segment: &Segment, client: ClientId) -> Result<(), ErrorCode> {
-        self.segments
-            .inner
-            .write()
-            .mount(segment, client)
-            .map(|_| ())
+        self.heartbeat(client);
+        self.segments.inner.write().mount(segment, client)?;
+        self.recompute_quotas();
+        Ok(())
     }
 
     /// ReMountSegment: every already-mounted segment must belong to `client` with equal fields
@@ -148,7 +176,10 @@ impl MasterService {
         segments: &[Segment],
         client: ClientId,
     ) -> Result<(), ErrorCode> {
-        self.segments.inner.write().remount(segments, client)
+        self.heartbeat(client);
+        self.segments.inner.write().remount(segments, client)?;
+        self.recompute_quotas();
+        Ok(())
     }
 
     /// UnmountSegment: unknown → OK; already unmounting → UNAVAILABLE_IN_CURRENT_STATUS.
@@ -168,6 +199,7 @@ impl MasterService {
         drop(allocator);
         self.clear_invalid_handles();
         self.segments.inner.write().commit_unmount(segment_id);
+        self.recompute_quotas();
         Ok(())
     }
 
@@ -249,6 +281,18 @@ impl MasterService {
         self.segments.inner.read().total_capacity_bytes
     }
 
+    /// Number of keys with a group route (introspection).
+    pub fn grouped_key_count(&self) -> usize {
+        self.routes.len()
+    }
+
+    /// The shard a key is routed to (introspection for tests and admin: a grouped key lives in
+    /// its group's shard).
+    pub fn shard_of_key(&self, key: &str, tenant: &str) -> Result<usize, ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        Ok(crate::index::shard_of(self.route(tenant, key)))
+    }
+
     /// Whether ReMount has made this client OK.
     pub fn is_client_ok(&self, client: ClientId) -> bool {
         self.segments.inner.read().ok_clients.contains(&client)
@@ -269,7 +313,7 @@ impl MasterService {
             for (_, state) in shard.tenants_mut() {
                 state.objects.retain(|entry| {
                     let meta = &mut entry.meta;
-                    meta.replicas.retain(|r| !r.is_complete() || r.is_valid());
+                    meta.retain_replicas(|r| !r.is_complete() || r.is_valid());
                     let keep = meta.is_valid();
                     erased += usize::from(!keep);
                     keep
@@ -326,10 +370,8 @@ impl MasterService {
                     meta.drop_dead_replicas();
                     if meta.is_processing() && meta.put_start_ms.saturating_add(release_ms) <= now {
                         let release_at = meta.put_start_ms.saturating_add(release_ms);
-                        let (stale, keep): (Vec<_>, Vec<_>) = std::mem::take(&mut meta.replicas)
-                            .into_iter()
-                            .partition(|r| r.status == ReplicaStatus::PROCESSING);
-                        meta.replicas = keep.into_iter().collect();
+                        let stale =
+                            meta.extract_replicas(|r| r.status == ReplicaStatus::PROCESSING);
                         meta.set(FLAG_PROCESSING, false);
                         report.reaped_puts += 1;
                         self.discard(stale, release_at);
@@ -365,7 +407,7 @@ impl MasterService {
                 .tenant
                 .as_ref()
                 .map_or(Tenant::Default, |t| Tenant::Named(t.as_str()));
-            let hash = crate::index::key_hash(tenant, &e.key);
+            let hash = self.route(tenant, &e.key);
             let mut shard = self.index.shard(hash).write();
             if let Some(entry) = shard
                 .tenant_mut(tenant)

@@ -271,8 +271,13 @@ fn tenants_are_separate_namespaces_when_multi_tenancy_is_on() {
     assert!(m.get_all_keys("t1").unwrap().is_empty());
     assert_eq!(m.remove_all(true, "t2"), 1, "one tenant");
     put(&m, C1, "other", 10, 1);
-    m.put_start(C1, "x", 10, &cfg(1), "t3").unwrap();
-    m.put_end(C1, &ObjectMeta::new("x"), ReplicaType::ALL, "t3")
+    assert_eq!(
+        m.put_start(C1, "x", 10, &cfg(1), "t3"),
+        Err(ErrorCode::TENANT_NOT_REGISTERED),
+        "writes need a registered tenant"
+    );
+    m.put_start(C1, "x", 10, &cfg(1), "b").unwrap();
+    m.put_end(C1, &ObjectMeta::new("x"), ReplicaType::ALL, "b")
         .unwrap();
     assert_eq!(m.remove_all(true, ""), 3, "empty tenant clears all tenants");
     assert_eq!(m.object_count(), 0);

@@ -6,9 +6,9 @@ use std::sync::Arc;
 
 use mooncake_common::{
     ClientId, ManualClock, ObjectMeta, ReplicaDescriptor, ReplicaType, ReplicateConfig, Segment,
-    SegmentId,
+    SegmentId, TenantId,
 };
-use mooncake_master::{MasterService, MasterServiceConfig};
+use mooncake_master::{MasterService, MasterServiceConfig, TenantPolicy};
 
 pub const T0_MS: u64 = 1_000_000;
 pub const LEASE_MS: u64 = 10_000;
@@ -25,12 +25,19 @@ pub fn master() -> (Arc<ManualClock>, MasterService) {
     master_with(MasterServiceConfig::default())
 }
 
-/// A multi-tenant master.
+/// A multi-tenant master whose policy registers `default`, `t1`, `t2`, `a` and `b` with 1 TiB
+/// each (effective quotas are then bounded by the mounted capacity).
 pub fn mt_master() -> (Arc<ManualClock>, MasterService) {
-    master_with(MasterServiceConfig {
+    let (clock, m) = master_with(MasterServiceConfig {
         enable_multi_tenants: true,
         ..Default::default()
-    })
+    });
+    let mut policy = TenantPolicy::default();
+    for t in ["default", "t1", "t2", "a", "b"] {
+        policy.tenants.insert(TenantId::new(t).unwrap(), 1 << 40);
+    }
+    m.apply_tenant_policy(policy).unwrap();
+    (clock, m)
 }
 
 /// Segment `id` named `name`, `size` bytes, at a base derived from the id.

@@ -1,0 +1,433 @@
+//! Memory eviction (spec/master.md §8, with victims ordered by **last access**, DESIGN.md §4).
+//!
+//! One cycle ([`MasterService::run_eviction_once`], called every 10 ms by the server):
+//! 1. Trigger: `usage = Σ used / Σ capacity` over mounted segments; run if `usage > high
+//!    watermark`, or if the need-eviction flag (set by a PutStart that found no space) is set and
+//!    `eviction_ratio > 0`. `target = max(ratio, usage − hw + ratio)`, `lowerbound =
+//!    min(max(target / 2, usage − hw), target)`.
+//! 2. Census (each shard under its read lock, one at a time): `base` = objects that are not
+//!    hard-pinned and have an evictable replica (COMPLETE, live, MEMORY, `refcnt == 0`); the
+//!    candidates are those of them that are also unleased, not being written (no PROCESSING
+//!    replica, no copy/move task), in two lists: not soft-pinned, and soft-pinned. Only
+//!    `(last_access, bytes)` pairs are collected — no keys, no allocation per object.
+//! 3. Pass 1: the `ceil(base × target)` oldest unpinned candidates. The cut-off access time is
+//!    found by selection (O(n)), then each shard is walked once under its write lock, evicting
+//!    the candidates older than the cut-off (ties up to the count), re-checked under the lock.
+//! 4. Due discarded buffers are freed.
+//! 5. Pass 2: `need = ceil(base × lowerbound) − evicted − released`; the oldest remaining
+//!    unpinned candidates, and when they do not suffice all of them plus the oldest soft-pinned
+//!    ones (only with `allow_evict_soft_pinned_objects`).
+//! 6. The need-eviction flag is cleared when anything was evicted or released.
+//!
+//! Evicting an object drops its evictable replicas (buffers freed at once, quota refunded) and
+//! erases it when nothing valid remains. A group is evicted all-or-none: only when every member
+//! is a candidate of the pass (so no member is leased, pinned or busy) and one member is chosen.
+//! No lock is held across shards, so a reader of one shard waits at most one shard's scan.
+
+use std::collections::HashMap;
+use std::sync::atomic::Ordering;
+
+use crate::index::{Tenant, TenantState, SHARD_COUNT};
+use crate::object::{ObjectMetadata, Replica, FLAG_HARD_PIN};
+use crate::service::MasterService;
+
+/// What one eviction cycle did.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub struct EvictionReport {
+    /// Whether the watermark or the need-eviction flag started a cycle.
+    pub triggered: bool,
+    pub usage_ratio_before: f64,
+    pub usage_ratio_after: f64,
+    /// Objects that are not hard-pinned and hold an evictable replica (leased or not).
+    pub evictable_objects: usize,
+    /// Unleased, idle candidates found by the census (unpinned + soft-pinned).
+    pub candidates: usize,
+    pub evicted_objects: usize,
+    /// Of `evicted_objects`, those that were soft-pinned.
+    pub evicted_soft_pinned: usize,
+    pub freed_bytes: u64,
+    /// Discarded replicas released during the cycle.
+    pub released_discarded: usize,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Class {
+    Plain,
+    Soft,
+}
+
+/// `(last_access_ms, evictable bytes)` per candidate.
+type Candidates = Vec<(u64, u64)>;
+
+#[derive(Debug, Default)]
+struct Census {
+    base: usize,
+    plain: Candidates,
+    soft: Candidates,
+}
+
+/// Bytes eviction would free from this object, or 0 if it holds no evictable replica.
+fn evictable_bytes(meta: &ObjectMetadata) -> u64 {
+    meta.replicas
+        .iter()
+        .filter(|r| r.is_evictable())
+        .map(Replica::charged_bytes)
+        .sum()
+}
+
+/// The candidate class of an object, `None` when eviction must not take it now.
+fn classify(meta: &ObjectMetadata, now_ms: u64) -> Option<(Class, u64)> {
+    if meta.has(FLAG_HARD_PIN) || meta.is_processing() || meta.has_task() {
+        return None;
+    }
+    if meta.is_leased(now_ms) {
+        return None;
+    }
+    let bytes = evictable_bytes(meta);
+    if bytes == 0 {
+        return None;
+    }
+    let class = if meta.soft_pinned(now_ms) {
+        Class::Soft
+    } else {
+        Class::Plain
+    };
+    Some((class, bytes))
+}
+
+/// The access-time cut-off that selects the `k` oldest of `v`, and how many objects exactly at
+/// the cut-off may be taken. `k == 0` selects nothing.
+fn cut_off(v: &mut [(u64, u64)], k: usize) -> (u64, usize) {
+    let k = k.min(v.len());
+    if k == 0 {
+        return (0, 0);
+    }
+    v.select_nth_unstable_by_key(k - 1, |e| e.0);
+    let t = v[k - 1].0;
+    let older = v[..k - 1].iter().filter(|e| e.0 < t).count();
+    (t, k - older)
+}
+
+/// One pass's selection rule.
+struct Selection {
+    class: Class,
+    cut_off_ms: u64,
+    ties: usize,
+}
+
+impl Selection {
+    fn admits(&self, class: Class) -> bool {
+        class == self.class || (self.class == Class::Soft && class == Class::Plain)
+    }
+
+    /// Whether an object last accessed at `access` is chosen (consumes a tie).
+    fn choose(&mut self, access: u64) -> bool {
+        if access < self.cut_off_ms {
+            return true;
+        }
+        if access == self.cut_off_ms && self.ties > 0 {
+            self.ties -= 1;
+            return true;
+        }
+        false
+    }
+}
+
+#[derive(Debug, Default, Clone, Copy)]
+struct PassResult {
+    objects: usize,
+    soft: usize,
+    bytes: u64,
+}
+
+impl MasterService {
+    /// `(used, capacity)` bytes over the mounted segments that still have an allocator.
+    pub fn memory_usage_bytes(&self) -> (u64, u64) {
+        let segs = self.segments.inner.read();
+        segs.mounted
+            .values()
+            .filter_map(|s| s.allocator.as_ref())
+            .fold((0, 0), |(u, c), a| (u + a.used_bytes(), c + a.capacity()))
+    }
+
+    fn usage_ratio(&self) -> f64 {
+        let (used, cap) = self.memory_usage_bytes();
+        if cap == 0 {
+            0.0
+        } else {
+            used as f64 / cap as f64
+        }
+    }
+
+    fn census(&self, only: Option<Tenant<'_>>, now_ms: u64) -> Census {
+        let mut c = Census::default();
+        for i in 0..SHARD_COUNT {
+            let shard = self.index.shard_at(i).read();
+            for (tenant, state) in shard.tenants() {
+                if only.is_some_and(|t| t != tenant) {
+                    continue;
+                }
+                for entry in state.objects.iter() {
+                    let m = &entry.meta;
+                    if m.has(FLAG_HARD_PIN) || !m.replicas.iter().any(Replica::is_evictable) {
+                        continue;
+                    }
+                    c.base += 1;
+                    if let Some((class, bytes)) = classify(m, now_ms) {
+                        let access = m.last_access_ms.load(Ordering::Relaxed);
+                        match class {
+                            Class::Plain => c.plain.push((access, bytes)),
+                            Class::Soft => c.soft.push((access, bytes)),
+                        }
+                    }
+                }
+            }
+        }
+        c
+    }
+
+    /// Groups of one tenant state that may be evicted in this pass: every member admitted and at
+    /// least one chosen. Built only when the state holds grouped objects.
+    fn group_verdicts(
+        state: &TenantState,
+        sel: &mut Selection,
+        now_ms: u64,
+    ) -> Option<HashMap<Box<str>, bool>> {
+        if !state.objects.iter().any(|e| e.meta.group().is_some()) {
+            return None;
+        }
+        // group → (all admitted, oldest access)
+        let mut groups: HashMap<Box<str>, (bool, u64)> = HashMap::new();
+        for e in state.objects.iter() {
+            let Some(g) = e.meta.group() else { continue };
+            let admitted = classify(&e.meta, now_ms).is_some_and(|(c, _)| sel.admits(c));
+            let access = e.meta.last_access_ms.load(Ordering::Relaxed);
+            let slot = groups.entry(Box::from(g)).or_insert((true, u64::MAX));
+            slot.0 &= admitted;
+            slot.1 = slot.1.min(access);
+        }
+        Some(
+            groups
+                .into_iter()
+                .map(|(g, (all, oldest))| {
+                    let evict = all && sel.choose(oldest);
+                    (g, evict)
+                })
+                .collect(),
+        )
+    }
+
+    /// Walks every shard (of `only`, if given) once under its write lock, evicting what `sel`
+    /// chooses. Stops walking once `max_objects` have been evicted.
+    fn evict_pass(
+        &self,
+        only: Option<Tenant<'_>>,
+        mut sel: Selection,
+        now_ms: u64,
+        max_objects: usize,
+    ) -> PassResult {
+        let mut res = PassResult::default();
+        for i in 0..SHARD_COUNT {
+            if res.objects >= max_objects {
+                break;
+            }
+            let mut shard = self.index.shard_at(i).write();
+            for (tenant, state) in shard.tenants_mut() {
+                if only.is_some_and(|t| t != tenant) {
+                    continue;
+                }
+                let verdicts = Self::group_verdicts(state, &mut sel, now_ms);
+                state.objects.retain(|entry| {
+                    let m = &mut entry.meta;
+                    let chosen = match m.group() {
+                        Some(g) => verdicts
+                            .as_ref()
+                            .and_then(|v| v.get(g))
+                            .copied()
+                            .unwrap_or(false),
+                        None => {
+                            res.objects < max_objects
+                                && classify(m, now_ms).is_some_and(|(c, _)| sel.admits(c))
+                                && sel.choose(m.last_access_ms.load(Ordering::Relaxed))
+                        }
+                    };
+                    if !chosen {
+                        return true;
+                    }
+                    let soft = m.soft_pinned(now_ms);
+                    let bytes = evictable_bytes(m);
+                    m.retain_replicas(|r| !r.is_evictable());
+                    res.objects += 1;
+                    res.soft += usize::from(soft);
+                    res.bytes += bytes;
+                    m.is_valid()
+                });
+            }
+            shard.others.retain(|_, s| s.len() > 0);
+        }
+        res
+    }
+
+    /// One eviction cycle (see the module doc). Cheap when nothing triggers it: one read of the
+    /// segment table.
+    pub fn run_eviction_once(&self) -> EvictionReport {
+        let _cycle = self.eviction_lock.lock();
+        let now = self.clock.now_ms();
+        let usage = self.usage_ratio();
+        let hw = self.config.eviction_high_watermark_ratio;
+        let ratio = self.config.eviction_ratio;
+        let mut report = EvictionReport {
+            usage_ratio_before: usage,
+            usage_ratio_after: usage,
+            ..Default::default()
+        };
+        let flagged = self.need_eviction.load(Ordering::Relaxed);
+        if !(usage > hw || (flagged && ratio > 0.0)) {
+            return report;
+        }
+        report.triggered = true;
+        let target = ratio.max(usage - hw + ratio);
+        let lowerbound = (target * 0.5).max(usage - hw).min(target);
+        let mut census = self.census(None, now);
+        report.evictable_objects = census.base;
+        report.candidates = census.plain.len() + census.soft.len();
+        if census.base == 0 {
+            self.need_eviction.store(false, Ordering::Relaxed);
+            return report;
+        }
+        let base = census.base as f64;
+        let k1 = ((base * target).ceil() as usize).min(census.plain.len());
+        let (cut, ties) = cut_off(&mut census.plain, k1);
+        let mut done = PassResult::default();
+        if k1 > 0 {
+            let r = self.evict_pass(
+                None,
+                Selection {
+                    class: Class::Plain,
+                    cut_off_ms: cut,
+                    ties,
+                },
+                now,
+                usize::MAX,
+            );
+            done.objects += r.objects;
+            done.bytes += r.bytes;
+        }
+        let released = self.release_discarded_once();
+        let need = ((base * lowerbound).ceil() as usize)
+            .saturating_sub(done.objects)
+            .saturating_sub(released);
+        if need > 0 {
+            let rest = &mut census.plain[k1..];
+            if need <= rest.len() {
+                let (cut, ties) = cut_off(rest, need);
+                let r = self.evict_pass(
+                    None,
+                    Selection {
+                        class: Class::Plain,
+                        cut_off_ms: cut,
+                        ties,
+                    },
+                    now,
+                    usize::MAX,
+                );
+                done.objects += r.objects;
+                done.bytes += r.bytes;
+            } else {
+                let short = need - rest.len();
+                if !rest.is_empty() {
+                    let r = self.evict_pass(
+                        None,
+                        Selection {
+                            class: Class::Plain,
+                            cut_off_ms: u64::MAX,
+                            ties: usize::MAX,
+                        },
+                        now,
+                        usize::MAX,
+                    );
+                    done.objects += r.objects;
+                    done.bytes += r.bytes;
+                }
+                if self.config.allow_evict_soft_pinned_objects && !census.soft.is_empty() {
+                    let (cut, ties) = cut_off(&mut census.soft, short);
+                    let r = self.evict_pass(
+                        None,
+                        Selection {
+                            class: Class::Soft,
+                            cut_off_ms: cut,
+                            ties,
+                        },
+                        now,
+                        usize::MAX,
+                    );
+                    done.objects += r.objects;
+                    done.soft += r.soft;
+                    done.bytes += r.bytes;
+                }
+            }
+        }
+        if done.objects > 0 || released > 0 {
+            self.need_eviction.store(false, Ordering::Relaxed);
+        }
+        report.evicted_objects = done.objects;
+        report.evicted_soft_pinned = done.soft;
+        report.freed_bytes = done.bytes;
+        report.released_discarded = released;
+        report.usage_ratio_after = self.usage_ratio();
+        report
+    }
+
+    /// Tenant-scoped eviction for a quota deficit: evicts the tenant's oldest unpinned candidates
+    /// (then soft-pinned ones, when allowed) until `deficit_bytes` are freed. Returns the bytes
+    /// freed.
+    pub(crate) fn evict_for_tenant(&self, tenant: Tenant<'_>, deficit_bytes: u64) -> u64 {
+        let _cycle = self.eviction_lock.lock();
+        let now = self.clock.now_ms();
+        let mut census = self.census(Some(tenant), now);
+        let mut freed = 0u64;
+        let allow_soft = self.config.allow_evict_soft_pinned_objects;
+        for (class, list) in [
+            (Class::Plain, &mut census.plain),
+            (Class::Soft, &mut census.soft),
+        ] {
+            if freed >= deficit_bytes || (class == Class::Soft && !allow_soft) || list.is_empty() {
+                continue;
+            }
+            list.sort_unstable_by_key(|e| e.0);
+            let mut k = 0;
+            let mut sum = 0u64;
+            while k < list.len() && freed + sum < deficit_bytes {
+                sum += list[k].1;
+                k += 1;
+            }
+            let (cut, ties) = cut_off(list, k);
+            let r = self.evict_pass(
+                Some(tenant),
+                Selection {
+                    class,
+                    cut_off_ms: cut,
+                    ties,
+                },
+                now,
+                usize::MAX,
+            );
+            freed += r.bytes;
+        }
+        freed
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn cut_off_selects_the_k_oldest_with_ties() {
+        let mut v = vec![(5, 1), (1, 1), (3, 1), (3, 1), (3, 1), (9, 1)];
+        // 3 oldest: 1, 3, 3 → cut-off 3, one older (1), so two of the three 3s may go.
+        assert_eq!(cut_off(&mut v, 3), (3, 2));
+        assert_eq!(cut_off(&mut v, 0), (0, 0));
+        assert_eq!(cut_off(&mut v, 100), (9, 1));
+    }
+}

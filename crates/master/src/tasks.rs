@@ -1,0 +1,4 @@
+//! Copy/move tasks (spec/master.md §9).
+
+#[derive(Debug, Default)]
+pub(crate) struct TaskManager {}
