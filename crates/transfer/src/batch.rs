@@ -281,6 +281,14 @@ impl Chunk {
         self.batch.deadline()
     }
 
+    /// Bytes this chunk puts on the wire after its request header.
+    pub(crate) fn payload_len(&self) -> usize {
+        match self.op {
+            Op::Read => 0,
+            Op::Write => self.len_bytes,
+        }
+    }
+
     /// Reports the result, then releases the local pin.
     pub(crate) fn finish(mut self, result: Result<(), TransferError>) {
         self.report(result);

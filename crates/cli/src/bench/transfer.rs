@@ -33,6 +33,12 @@ pub struct Args {
     /// Entries in flight.
     #[arg(long, value_delimiter = ',', default_value = "1,8")]
     inflight: Vec<usize>,
+    /// Entries per batch for the batch rows (one batch of small entries at a time); 1 = none.
+    #[arg(long, default_value_t = 64)]
+    batch_entries: usize,
+    /// Entry sizes of the batch rows.
+    #[arg(long, value_delimiter = ',', default_value = "4KiB,64KiB")]
+    batch_sizes: Vec<String>,
     /// Copy threads of the engine (shared-memory and local copies).
     #[arg(long, default_value_t = 2)]
     copy_threads: usize,
@@ -58,10 +64,16 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         let size = mooncake_common::parse_size(text).with_context(|| format!("size {text:?}"))?;
         sizes.push(usize::try_from(size)?);
     }
+    let mut batch_sizes = Vec::new();
+    for text in &args.batch_sizes {
+        let size = mooncake_common::parse_size(text).with_context(|| format!("size {text:?}"))?;
+        batch_sizes.push(usize::try_from(size)?);
+    }
     let max_size = sizes.iter().copied().max().unwrap_or(0).max(1);
     let max_inflight = args.inflight.iter().copied().max().unwrap_or(1).max(1);
     let slot = max_size;
-    let region_bytes = slot * max_inflight;
+    let batch_bytes = batch_sizes.iter().copied().max().unwrap_or(0) * args.batch_entries;
+    let region_bytes = (slot * max_inflight).max(batch_bytes);
 
     let mut server = ServerProcess::spawn(region_bytes)?;
     println!(
@@ -124,12 +136,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             })?;
             let local = engine.allocate_local_buffer(region_bytes)?;
             local.write_at(0, &vec![0xa5; region_bytes])?; // fault every page in up front
-            for &inflight in &args.inflight {
-                for &size in &sizes {
+                                                           // Single-entry batches with 1 / N outstanding, then whole batches of small entries.
+            let mut shapes: Vec<(usize, usize, &[usize])> =
+                args.inflight.iter().map(|&n| (n, 1, &sizes[..])).collect();
+            if args.batch_entries > 1 {
+                shapes.push((1, args.batch_entries, &batch_sizes[..]));
+            }
+            for &(inflight, batch_entries, shape_sizes) in &shapes {
+                for &size in shape_sizes {
                     for write in [false, true] {
                         let case = Case {
                             size,
                             inflight,
+                            batch_entries,
                             write,
                             slot,
                         };
@@ -143,7 +162,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
                         let mut latencies_us = Vec::new();
                         for _ in 0..args.reps.max(1) {
                             if mode != TransportMode::Tcp {
-                                limits.push(memcpy_mb_s(size, inflight, slot, args.seconds));
+                                limits.push(if batch_entries > 1 {
+                                    memcpy_mb_s(size, batch_entries, size, args.seconds)
+                                } else {
+                                    memcpy_mb_s(size, inflight, slot, args.seconds)
+                                });
                             }
                             let (mb_s, mut lat) =
                                 case.run(&engine, &local, &server, args.seconds)?;
@@ -210,7 +233,11 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             "| {label} | {} | {} | {} | {:.0} | {:.0} | {:.0} | {limit_text} | {ratio} |",
             if case.write { "write" } else { "read" },
             mooncake_common::format_size(case.size as u64),
-            case.inflight,
+            if case.batch_entries > 1 {
+                format!("batch of {}", case.batch_entries)
+            } else {
+                case.inflight.to_string()
+            },
             result.mb_s,
             result.p50_us,
             result.p99_us,
@@ -297,6 +324,9 @@ impl Drop for ServerProcess {
 struct Case {
     size: usize,
     inflight: usize,
+    /// Entries per submitted batch (1: single-entry batches, `inflight` of them outstanding;
+    /// more: one batch of this many entries at a time, each entry its own range).
+    batch_entries: usize,
     write: bool,
     slot: usize,
 }
@@ -310,7 +340,11 @@ struct CaseResult {
 
 impl Case {
     fn request(&self, local: &MemoryHandle, server: &ServerProcess, k: usize) -> TransferRequest {
-        let offset = (k % self.inflight) * self.slot;
+        let offset = if self.batch_entries > 1 {
+            (k % self.batch_entries) * self.size
+        } else {
+            (k % self.inflight) * self.slot
+        };
         let ptr = local.as_ptr().wrapping_add(offset);
         if self.write {
             TransferRequest::write(
@@ -350,18 +384,20 @@ impl Case {
         let mut measured_ops = 0usize;
         loop {
             while window.len() < self.inflight {
-                let request = self.request(local, server, k);
+                let requests: Vec<TransferRequest> = (0..self.batch_entries)
+                    .map(|j| self.request(local, server, k + j))
+                    .collect();
                 let submitted = Instant::now();
-                let batch = engine.submit(&[request]);
+                let batch = engine.submit(&requests);
                 window.push_back((submitted, batch));
-                k += 1;
+                k += self.batch_entries;
             }
             let Some((submitted, batch)) = window.pop_front() else {
                 break;
             };
             let results = batch.wait();
             let done = Instant::now();
-            if let Some(Err(err)) = results.into_iter().next() {
+            if let Some(Err(err)) = results.into_iter().find(|r| r.is_err()) {
                 bail!("transfer failed: {err}");
             }
             match measuring_since {
@@ -379,7 +415,8 @@ impl Case {
                         for (_, batch) in window.drain(..) {
                             batch.wait();
                         }
-                        let mb_s = (measured_ops * self.size) as f64 / elapsed / MB;
+                        let bytes = measured_ops * self.batch_entries * self.size;
+                        let mb_s = bytes as f64 / elapsed / MB;
                         return Ok((mb_s, latencies_us));
                     }
                 }

@@ -20,8 +20,14 @@ use parking_lot::{Condvar, Mutex};
 use crate::batch::{Chunk, Op};
 use crate::endpoint::Endpoint;
 use crate::error::TransferError;
-use crate::tcp::io::{recv_exact, send_all, IoFail, POLL_INTERVAL};
+use crate::tcp::io::{recv_exact, send_pieces, IoFail, POLL_INTERVAL};
 use crate::wire::{Header, Kind, WireError, HEADER_BYTES};
+
+/// Most requests sent with one `sendmsg`.
+const MAX_COALESCED: usize = 64;
+/// Stop adding writes to a coalesced group past this much payload (large payloads gain
+/// nothing from sharing a system call).
+const COALESCE_PAYLOAD_BYTES: usize = 1 << 20;
 
 /// Settings of one peer's pool.
 #[derive(Debug, Clone)]
@@ -265,7 +271,6 @@ impl TcpPeer {
     }
 
     fn send_loop(&self, conn: &Conn) -> TransferError {
-        let fd = conn.stream.as_raw_fd();
         let mut idle_since = Instant::now();
         loop {
             {
@@ -301,65 +306,118 @@ impl TcpPeer {
                 Err(RecvTimeoutError::Disconnected) => return self.lost("pool closed"),
             };
             idle_since = Instant::now();
-            let deadline = chunk.deadline();
-            if Instant::now() > deadline {
-                chunk.finish(Err(self.timeout()));
-                continue;
+            // Take whatever else is already queued (up to the free pipeline slots) and send the
+            // whole group with one sendmsg: fewer system calls and wake-ups per request.
+            let free = self
+                .config
+                .pipeline_depth
+                .saturating_sub(conn.inflight.lock().len())
+                .max(1);
+            let mut group = vec![chunk];
+            let mut group_payload = group[0].payload_len();
+            while group.len() < free.min(MAX_COALESCED) && group_payload < COALESCE_PAYLOAD_BYTES {
+                match self.queue_rx.try_recv() {
+                    Ok(next) => {
+                        group_payload += next.payload_len();
+                        group.push(next);
+                    }
+                    Err(_) => break,
+                }
             }
-            let (kind, payload_len) = match chunk.op {
-                Op::Read => (Kind::ReadRequest, 0),
-                Op::Write => (Kind::WriteRequest, chunk.len_bytes),
-            };
-            let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
-            let head = Header::request(
-                kind,
-                request_id,
-                chunk.segment_id,
-                chunk.remote_offset,
-                chunk.len_bytes as u64,
-            )
-            .encode();
+            if let Err(err) = self.send_group(conn, group) {
+                return err;
+            }
+        }
+    }
+
+    /// Registers a group of chunks as in flight and sends their requests (and write payloads)
+    /// in order. Expired chunks fail without being sent.
+    fn send_group(&self, conn: &Conn, group: Vec<Chunk>) -> Result<(), TransferError> {
+        let now = Instant::now();
+        let mut pendings: Vec<Arc<Pending>> = Vec::with_capacity(group.len());
+        let mut heads: Vec<[u8; HEADER_BYTES]> = Vec::with_capacity(group.len());
+        {
             let mut inflight = conn.inflight.lock();
             if conn.broken.load(Ordering::SeqCst) {
                 drop(inflight);
                 // Never reached the wire: back to the queue for another connection (or failed
                 // with the reason by the last connection to leave).
-                let _ = self.queue_tx.send(chunk);
-                return self.lost("connection closed");
+                for chunk in group {
+                    let _ = self.queue_tx.send(chunk);
+                }
+                return Err(self.lost("connection closed"));
             }
-            let pending = Arc::new(Pending {
-                request_id,
-                kind,
-                local_ptr: chunk.local_ptr() as usize,
-                len_bytes: chunk.len_bytes,
-                deadline,
-                chunk: Mutex::new(Some(chunk)),
-                result: Mutex::new(None),
-                holders: AtomicU8::new(2),
-            });
-            inflight.push_back(Arc::clone(&pending));
-            drop(inflight);
-            let closed = &self.closed;
-            let wait = || {
-                if closed.load(Ordering::Relaxed) || conn.broken.load(Ordering::Relaxed) {
-                    Err(IoFail::Stopped)
-                } else if Instant::now() > deadline {
-                    Err(IoFail::Timeout)
-                } else {
-                    Ok(())
+            for chunk in group {
+                if now > chunk.deadline() {
+                    chunk.finish(Err(self.timeout()));
+                    continue;
                 }
-            };
-            // SAFETY: for a write, [local_ptr, +payload_len) is inside the local region pinned by
-            // the chunk, which `pending` keeps alive until both holders released it.
-            let sent =
-                unsafe { send_all(fd, &head, pending.local_ptr as *const u8, payload_len, wait) };
-            match sent {
-                Ok(()) => pending.release(None),
-                Err(fail) => {
-                    let err = self.io_error(&fail);
+                let kind = match chunk.op {
+                    Op::Read => Kind::ReadRequest,
+                    Op::Write => Kind::WriteRequest,
+                };
+                let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+                heads.push(
+                    Header::request(
+                        kind,
+                        request_id,
+                        chunk.segment_id,
+                        chunk.remote_offset,
+                        chunk.len_bytes as u64,
+                    )
+                    .encode(),
+                );
+                let pending = Arc::new(Pending {
+                    request_id,
+                    kind,
+                    local_ptr: chunk.local_ptr() as usize,
+                    len_bytes: chunk.len_bytes,
+                    deadline: chunk.deadline(),
+                    chunk: Mutex::new(Some(chunk)),
+                    result: Mutex::new(None),
+                    holders: AtomicU8::new(2),
+                });
+                inflight.push_back(Arc::clone(&pending));
+                pendings.push(pending);
+            }
+        }
+        if pendings.is_empty() {
+            return Ok(());
+        }
+        let mut pieces: Vec<(*const u8, usize)> = Vec::with_capacity(2 * pendings.len());
+        for (head, pending) in heads.iter().zip(&pendings) {
+            pieces.push((head.as_ptr(), HEADER_BYTES));
+            if pending.kind == Kind::WriteRequest {
+                pieces.push((pending.local_ptr as *const u8, pending.len_bytes));
+            }
+        }
+        let deadline = pendings.iter().map(|p| p.deadline).min().unwrap_or(now);
+        let closed = &self.closed;
+        let wait = || {
+            if closed.load(Ordering::Relaxed) || conn.broken.load(Ordering::Relaxed) {
+                Err(IoFail::Stopped)
+            } else if Instant::now() > deadline {
+                Err(IoFail::Timeout)
+            } else {
+                Ok(())
+            }
+        };
+        // SAFETY: headers live in `heads`; each write payload is inside the local region
+        // pinned by its chunk, which its `pending` keeps alive until both holders released it.
+        let sent = unsafe { send_pieces(conn.stream.as_raw_fd(), &pieces, wait) };
+        match sent {
+            Ok(()) => {
+                for pending in &pendings {
+                    pending.release(None);
+                }
+                Ok(())
+            }
+            Err(fail) => {
+                let err = self.io_error(&fail);
+                for pending in &pendings {
                     pending.release(Some(Err(err.clone())));
-                    return err;
                 }
+                Err(err)
             }
         }
     }
