@@ -1,0 +1,322 @@
+//! Multi-tenancy and quota (spec §10, invariant 9).
+#![allow(clippy::unwrap_used)]
+
+mod common;
+
+use common::*;
+use mooncake_common::{ClientId, ErrorCode, ManualClock, ObjectMeta, ReplicaType, TenantId};
+use mooncake_master::{MasterService, MasterServiceConfig, TenantPolicy};
+use std::sync::Arc;
+
+fn tenant_master(quotas: &[(&str, u64)]) -> (Arc<ManualClock>, MasterService) {
+    tenant_master_with(MasterServiceConfig::default(), quotas)
+}
+
+fn tenant_master_with(
+    config: MasterServiceConfig,
+    quotas: &[(&str, u64)],
+) -> (Arc<ManualClock>, MasterService) {
+    let (clock, m) = master_with(MasterServiceConfig {
+        enable_multi_tenants: true,
+        ..config
+    });
+    let mut p = TenantPolicy::default();
+    for (t, q) in quotas {
+        p.tenants.insert(TenantId::new(t).unwrap(), *q);
+    }
+    m.apply_tenant_policy(p).unwrap();
+    (clock, m)
+}
+
+fn tput(
+    m: &MasterService,
+    key: &str,
+    size: u64,
+    replicas: usize,
+    t: &str,
+) -> Result<(), ErrorCode> {
+    m.put_start(C1, key, size, &cfg(replicas), t)?;
+    m.put_end(C1, &ObjectMeta::new(key), ReplicaType::ALL, t)
+}
+
+fn charged(m: &MasterService, t: &str) -> u64 {
+    m.list_tenant_quotas(Some(t)).unwrap()[0].charged_bytes
+}
+
+fn assert_conserved(m: &MasterService) {
+    for (t, charged, held) in m.check_quota_accounting() {
+        assert_eq!(charged, held, "tenant {t}: charged != Σ held replica bytes");
+    }
+    for s in m.list_tenant_quotas(None).unwrap() {
+        if s.has_explicit_policy {
+            assert!(
+                s.charged_bytes <= s.effective_quota_bytes,
+                "{s:?} over its effective quota"
+            );
+        }
+    }
+}
+
+#[test]
+fn inv9_tenancy_and_quota() {
+    let (clock, m) = tenant_master(&[("t1", 1000), ("t2", 500)]);
+    m.mount_segment(&seg(1, "a", 10_000), C1).unwrap();
+    m.mount_segment(&seg(2, "b", 10_000), C1).unwrap();
+    // Same key, two tenants: two objects.
+    tput(&m, "k", 100, 1, "t1").unwrap();
+    tput(&m, "k", 200, 1, "t2").unwrap();
+    assert_eq!(m.object_count(), 2);
+    assert_eq!(m.object_info("k", "t2").unwrap().unwrap().size, 200);
+    // Unregistered tenants (including `default` here) cannot write.
+    for t in ["t3", "", "default"] {
+        assert_eq!(
+            m.put_start(C1, "x", 1, &cfg(1), t),
+            Err(ErrorCode::TENANT_NOT_REGISTERED),
+            "{t:?}"
+        );
+    }
+    // Charged = Σ size × replicas; a 2-replica put in flight charges both.
+    m.put_start(C1, "two", 300, &cfg(2), "t1").unwrap();
+    assert_eq!(charged(&m, "t1"), 100 + 600);
+    assert_conserved(&m);
+    // Admission never passes the effective quota: 700 + 2 × 200 > 1000, and tenant-scoped
+    // eviction cannot help while `k` is leased and `two` is being written.
+    m.get_replica_list("k", "t1").unwrap();
+    assert_eq!(
+        m.put_start(C1, "big", 200, &cfg(2), "t1"),
+        Err(ErrorCode::TENANT_QUOTA_EXCEEDED)
+    );
+    assert_eq!(
+        charged(&m, "t1"),
+        700,
+        "a refused charge leaves nothing behind"
+    );
+    // Revoke refunds.
+    m.put_revoke(C1, "two", ReplicaType::ALL, "t1").unwrap();
+    assert_eq!(charged(&m, "t1"), 100);
+    // Remove refunds.
+    m.remove("k", true, "t1").unwrap();
+    assert_eq!(charged(&m, "t1"), 0);
+    // Expiry (put timeout) refunds.
+    m.put_start(C1, "slow", 50, &cfg(1), "t2").unwrap();
+    assert_eq!(charged(&m, "t2"), 250);
+    clock.advance(600_001);
+    m.run_put_timeouts_once();
+    assert_eq!(charged(&m, "t2"), 200);
+    assert_conserved(&m);
+    // Effective quotas sum to at most the capacity.
+    m.set_tenant_quota("t3", 1 << 40).unwrap();
+    let total: u64 = m
+        .list_tenant_quotas(None)
+        .unwrap()
+        .iter()
+        .map(|s| s.effective_quota_bytes)
+        .sum();
+    assert_eq!(total, 20_000, "proportional shares of the mounted capacity");
+    assert_accounting(&m);
+}
+
+#[test]
+fn quota_exceeded_runs_tenant_scoped_eviction_then_succeeds() {
+    let (clock, m) = tenant_master(&[("t1", 1000), ("t2", 1000)]);
+    m.mount_segment(&seg(1, "a", 100_000), C1).unwrap();
+    for i in 0..10 {
+        clock.advance(1);
+        tput(&m, &format!("a{i}"), 100, 1, "t1").unwrap();
+        tput(&m, &format!("b{i}"), 100, 1, "t2").unwrap();
+    }
+    assert_eq!(charged(&m, "t1"), 1000);
+    // t1 is full: its two oldest objects are evicted for the 200-byte deficit; t2 is untouched.
+    m.put_start(C1, "new", 200, &cfg(1), "t1").unwrap();
+    assert!(m.object_info("a0", "t1").unwrap().is_none());
+    assert!(m.object_info("a1", "t1").unwrap().is_none());
+    assert!(m.object_info("a2", "t1").unwrap().is_some());
+    assert_eq!(m.tenant_object_count(&TenantId::new("t2").unwrap()), 10);
+    assert_eq!(charged(&m, "t1"), 1000);
+    assert_conserved(&m);
+    // When nothing of the tenant can be evicted (all leased), the put fails after the retries.
+    clock.advance(1);
+    for i in 2..10 {
+        m.get_replica_list(&format!("a{i}"), "t1").unwrap();
+    }
+    assert_eq!(
+        m.put_start(C1, "more", 100, &cfg(1), "t1"),
+        Err(ErrorCode::TENANT_QUOTA_EXCEEDED)
+    );
+    assert_conserved(&m);
+}
+
+#[test]
+fn orphan_tenants_are_closed_for_writes_but_readable_and_admin_api_works() {
+    let dir = std::env::temp_dir().join(format!("mc-quota-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("policy.yaml");
+    std::fs::write(
+        &path,
+        "version: 1\ntenants:\n  - name: t1\n    quota: 1KB\n  - name: t2\n    quota: 2048\n",
+    )
+    .unwrap();
+    let (_, m) = master_with(MasterServiceConfig {
+        enable_multi_tenants: true,
+        ..Default::default()
+    });
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.load_tenant_policy_file(&path).unwrap();
+    let s = m.list_tenant_quotas(Some("t1")).unwrap();
+    assert_eq!(s[0].requested_quota_bytes, 1024);
+    assert_eq!(s[0].effective_quota_bytes, 1024);
+    tput(&m, "k", 10, 1, "t1").unwrap();
+    // Delete: non-empty → TENANT_NOT_EMPTY; unknown → OBJECT_NOT_FOUND.
+    assert_eq!(
+        m.delete_tenant_quota("t1"),
+        Err(ErrorCode::TENANT_NOT_EMPTY)
+    );
+    assert_eq!(
+        m.delete_tenant_quota("zz"),
+        Err(ErrorCode::OBJECT_NOT_FOUND)
+    );
+    m.delete_tenant_quota("t2").unwrap();
+    assert_eq!(
+        m.put_start(C1, "x", 1, &cfg(1), "t2"),
+        Err(ErrorCode::TENANT_NOT_REGISTERED),
+        "admission closed"
+    );
+    // Persisted first: the file no longer lists t2.
+    let p = TenantPolicy::load(&path).unwrap();
+    assert!(!p.tenants.contains_key("t2") && p.tenants.contains_key("t1"));
+    // t1 becomes an orphan when the policy drops it: reads and removes still work.
+    let mut only_t3 = TenantPolicy::default();
+    only_t3.tenants.insert(TenantId::new("t3").unwrap(), 100);
+    m.apply_tenant_policy(only_t3).unwrap();
+    let s = m.list_tenant_quotas(Some("t1")).unwrap();
+    assert!(s[0].admission_closed && !s[0].has_explicit_policy);
+    assert_eq!(s[0].effective_quota_bytes, 0);
+    assert_eq!(
+        m.put_start(C1, "y", 1, &cfg(1), "t1"),
+        Err(ErrorCode::TENANT_NOT_REGISTERED)
+    );
+    assert!(m.get_replica_list("k", "t1").is_ok());
+    m.remove("k", true, "t1").unwrap();
+    assert_eq!(m.set_tenant_quota("t1", 0), Err(ErrorCode::INVALID_PARAMS));
+    assert_eq!(
+        m.set_tenant_quota("t1", u64::MAX),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    assert_eq!(
+        m.set_tenant_quota("t1", 10).unwrap().effective_quota_bytes,
+        10
+    );
+    // A policy file that cannot be written → PERSISTENT_FAIL, nothing applied.
+    std::fs::remove_dir_all(&dir).unwrap();
+    assert_eq!(
+        m.set_tenant_quota("t1", 20),
+        Err(ErrorCode::PERSISTENT_FAIL)
+    );
+    assert_eq!(
+        m.list_tenant_quotas(Some("t1")).unwrap()[0].requested_quota_bytes,
+        10
+    );
+}
+
+#[test]
+fn quota_admin_is_unavailable_with_multi_tenancy_off() {
+    let (_, m) = master();
+    assert_eq!(
+        m.list_tenant_quotas(None),
+        Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
+    );
+    assert_eq!(
+        m.set_tenant_quota("t", 1),
+        Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
+    );
+    assert_eq!(
+        m.delete_tenant_quota("t"),
+        Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
+    );
+}
+
+#[test]
+fn quota_is_conserved_under_puts_removes_evictions_and_client_deaths() {
+    // Σ requests (3 × 30,000) fit in the smallest capacity left after a death (one 100,000
+    // segment), so effective quotas stay equal to the requests throughout.
+    // A low watermark so that the global eviction cycle really runs.
+    let config = MasterServiceConfig {
+        eviction_high_watermark_ratio: 0.1,
+        ..Default::default()
+    };
+    let (clock, m) = tenant_master_with(config, &[("t1", 30_000), ("t2", 30_000), ("t3", 30_000)]);
+    let (mut evicted, mut deaths) = (0, 0);
+    let clients = [C1, C2, ClientId::new(3, 3)];
+    let mut alive = [true; 3];
+    let mount = |i: usize| {
+        m.remount_segments(&[seg(i as u64 + 1, &format!("s{i}"), 100_000)], clients[i])
+            .unwrap();
+    };
+    for i in 0..3 {
+        mount(i);
+    }
+    let mut rng = fastrand::Rng::with_seed(7);
+    let tenants = ["t1", "t2", "t3"];
+    for step in 0..3000 {
+        clock.advance(rng.u64(1..50));
+        let t = tenants[rng.usize(..3)];
+        let key = format!("k{}", rng.u32(..300));
+        match rng.u32(..100) {
+            0..=49 => {
+                let reps = rng.usize(1..=2);
+                if m.put_start(C1, &key, rng.u64(1..2000), &cfg(reps), t)
+                    .is_ok()
+                    && rng.bool()
+                {
+                    m.put_end(C1, &ObjectMeta::new(&key), ReplicaType::ALL, t)
+                        .ok();
+                }
+            }
+            50..=59 => {
+                m.put_revoke(C1, &key, ReplicaType::ALL, t).ok();
+            }
+            60..=74 => {
+                m.remove(&key, rng.bool(), t).ok();
+            }
+            75..=84 => {
+                m.get_replica_list(&key, t).ok();
+            }
+            85..=94 => {
+                evicted += m.run_eviction_once().evicted_objects;
+            }
+            95..=97 => {
+                m.run_put_timeouts_once();
+            }
+            _ => {
+                // A client dies (stops pinging) or comes back.
+                let i = rng.usize(..3);
+                if alive[i] && alive.iter().filter(|a| **a).count() > 1 {
+                    alive[i] = false;
+                } else if !alive[i] {
+                    alive[i] = true;
+                    mount(i);
+                }
+            }
+        }
+        for (i, c) in clients.iter().enumerate() {
+            if alive[i] {
+                m.ping(*c).unwrap();
+            }
+        }
+        if step % 10 == 0 {
+            clock.advance(11_000);
+            for (i, c) in clients.iter().enumerate() {
+                if alive[i] {
+                    m.ping(*c).unwrap();
+                }
+            }
+            deaths += m.run_client_monitor_once();
+        }
+        assert_conserved(&m);
+    }
+    assert!(
+        evicted > 0 && deaths > 0,
+        "evicted {evicted}, deaths {deaths}"
+    );
+    assert_accounting(&m);
+}
