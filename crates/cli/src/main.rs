@@ -1,6 +1,9 @@
 //! `mooncake`: one binary for every role. Each subcommand parses its flags and calls a crate.
 
 mod bench;
+mod node;
+mod quickstart;
+mod verbs;
 
 use clap::{Parser, Subcommand};
 
@@ -24,22 +27,50 @@ enum Command {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
         args: Vec<String>,
     },
-    /// Benchmarks that print tables, each next to a peer measured in the same run.
-    #[command(subcommand)]
-    Bench(bench::BenchCommand),
+    /// A store node: contributes memory to a master and serves transfers until SIGINT/SIGTERM.
+    Store(node::Args),
+    /// A master and two store nodes on loopback, a few thousand verified puts and gets, a table.
+    Quickstart(quickstart::Args),
+    /// Store a file (or `-` for stdin) under KEY.
+    Put(verbs::PutArgs),
+    /// Print the value of KEY (or write it with `-o FILE`).
+    Get(verbs::GetArgs),
+    /// List keys, optionally only those matching a regular expression.
+    Ls(verbs::LsArgs),
+    /// Remove KEY.
+    Rm(verbs::RmArgs),
+    /// Segments, usage and key count of the cluster.
+    Stat(verbs::StatArgs),
+    /// Benchmarks that print tables, each next to a peer measured in the same run. Without a
+    /// subcommand: the store client cases (`bench store` with its defaults).
+    Bench {
+        #[command(subcommand)]
+        command: Option<bench::BenchCommand>,
+    },
 }
 
 fn init_logging() {
+    init_logging_at("info");
+}
+
+/// Logging to stderr at `default` unless `MOONCAKE_LOG` says otherwise.
+fn init_logging_at(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MOONCAKE_LOG")
-        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+        .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
         .with_writer(std::io::stderr)
         .try_init();
 }
 
-fn main() -> anyhow::Result<()> {
-    let cli = Cli::parse();
+fn main() {
+    if let Err(error) = run(Cli::parse()) {
+        eprintln!("mooncake: {error:#}");
+        std::process::exit(1);
+    }
+}
+
+fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Master { args } => {
             init_logging();
@@ -64,6 +95,40 @@ fn main() -> anyhow::Result<()> {
                 }
             }
         }
-        Command::Bench(command) => bench::run(command),
+        Command::Store(args) => {
+            init_logging();
+            node::run(args)
+        }
+        Command::Quickstart(args) => {
+            init_logging_at("error");
+            quickstart::run(args)
+        }
+        Command::Put(args) => {
+            init_logging_at("warn");
+            verbs::put(args)
+        }
+        Command::Get(args) => {
+            init_logging_at("warn");
+            verbs::get(args)
+        }
+        Command::Ls(args) => {
+            init_logging_at("warn");
+            verbs::ls(args)
+        }
+        Command::Rm(args) => {
+            init_logging_at("warn");
+            verbs::rm(args)
+        }
+        Command::Stat(args) => {
+            init_logging_at("warn");
+            verbs::stat(args)
+        }
+        Command::Bench { command } => {
+            init_logging_at("warn");
+            match command {
+                Some(command) => bench::run(command),
+                None => bench::store::run(bench::store::Args::defaults()),
+            }
+        }
     }
 }

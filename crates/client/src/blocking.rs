@@ -36,6 +36,12 @@ impl BlockingStoreClient {
         self.runtime.block_on(future)
     }
 
+    /// Runs any future on this client's runtime (for calls this type does not wrap, e.g.
+    /// `client().master().call(..)`). Must not be called from inside an async context.
+    pub fn block_on<T>(&self, future: impl Future<Output = T>) -> T {
+        self.runtime.block_on(future)
+    }
+
     pub fn put(
         &self,
         key: &str,
@@ -72,6 +78,14 @@ impl BlockingStoreClient {
 
     pub fn get_batch(&self, keys: &[&str]) -> Vec<Result<Vec<u8>, StoreError>> {
         self.run(self.client.get_batch(keys))
+    }
+
+    pub fn get_batch_into(
+        &self,
+        keys: &[&str],
+        buffers: &mut [&mut [u8]],
+    ) -> Vec<Result<u64, StoreError>> {
+        self.run(self.client.get_batch_into(keys, buffers))
     }
 
     pub fn is_exist(&self, key: &str) -> Result<bool, StoreError> {

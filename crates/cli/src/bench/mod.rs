@@ -3,6 +3,7 @@
 mod master;
 pub mod pingpong;
 mod storage;
+pub mod store;
 mod transfer;
 
 use clap::Subcommand;
@@ -15,6 +16,12 @@ pub enum BenchCommand {
     Transfer(transfer::Args),
     /// SSD tier: MB/s and ops/s per backend and durability policy next to raw file throughput.
     Storage(storage::Args),
+    /// Store client: upstream_bench.py's cases against a master child, next to the ping-pong
+    /// floor (also what plain `mooncake bench` runs).
+    Store(store::Args),
+    /// Client B of the store benchmark's cross-process cases (started by `bench store`).
+    #[command(hide = true)]
+    StorePeer(store::PeerArgs),
     /// The TCP floor: sequential 32-byte round trips between two processes.
     Pingpong {
         /// Both sides spin on non-blocking sockets instead of blocking.
@@ -36,6 +43,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Transfer(args) => transfer::run(args),
         BenchCommand::Storage(args) => storage::run(args),
         BenchCommand::Master(args) => master::run(args),
+        BenchCommand::Store(args) => store::run(args),
+        BenchCommand::StorePeer(args) => store::run_peer(args),
         BenchCommand::Pingpong { spin, iterations } => {
             let latency = pingpong::measure(spin, iterations)?;
             let mode = if spin { "spinning" } else { "blocking" };

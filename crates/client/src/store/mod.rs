@@ -699,6 +699,100 @@ impl StoreClient {
         results
     }
 
+    /// Reads many objects into caller buffers (zero copy when they lie in registered memory):
+    /// one master round trip, then one transfer batch. Returns each object's size. A buffer
+    /// smaller than its object fails that key with `BufferTooSmall` and leaves the buffer as is.
+    pub async fn get_batch_into(
+        &self,
+        keys: &[&str],
+        buffers: &mut [&mut [u8]],
+    ) -> Vec<Result<u64, StoreError>> {
+        if keys.len() != buffers.len() {
+            let e = StoreError::InvalidParams(format!(
+                "{} keys but {} buffers",
+                keys.len(),
+                buffers.len()
+            ));
+            return keys.iter().map(|_| Err(e.clone())).collect();
+        }
+        if let Err(error) = self.check_open() {
+            return keys.iter().map(|_| Err(error.clone())).collect();
+        }
+        let asked = Instant::now();
+        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let responses = match self
+            .inner
+            .master
+            .batch_get_replica_list(owned, self.tenant())
+            .await
+        {
+            Ok(r) if r.len() == keys.len() => r,
+            Ok(_) => {
+                let e =
+                    StoreError::InvalidParams("master answered a batch of the wrong length".into());
+                return keys.iter().map(|_| Err(e.clone())).collect();
+            }
+            Err(error) => return keys.iter().map(|_| Err(error.clone().into())).collect(),
+        };
+        let checked: Vec<Result<(u64, GetReplicaListResponse), StoreError>> = responses
+            .into_iter()
+            .zip(keys)
+            .zip(buffers.iter())
+            .map(|((r, key), buffer)| {
+                let response = r.map_err(StoreError::from)?;
+                let size = object_size(key, &response)?;
+                if (buffer.len() as u64) < size {
+                    return Err(StoreError::BufferTooSmall {
+                        buffer_bytes: buffer.len() as u64,
+                        object_bytes: size,
+                    });
+                }
+                Ok((size, response))
+            })
+            .collect();
+        let first = {
+            let mut plan = Vec::new();
+            for (i, entry) in checked.iter().enumerate() {
+                if let Ok((size, response)) = entry {
+                    let order = self.replica_order(&response.replicas);
+                    if let Some(&first) = order.first() {
+                        plan.push((
+                            i,
+                            buffers[i].as_mut_ptr() as usize,
+                            *size as usize,
+                            response.replicas[first].clone(),
+                        ));
+                    }
+                }
+            }
+            self.read_planned(&plan).await
+        };
+        let mut results = Vec::with_capacity(keys.len());
+        for (i, entry) in checked.into_iter().enumerate() {
+            let key = keys[i];
+            let outcome = match entry {
+                Err(error) => Err(error),
+                Ok((size, response)) => {
+                    let out = &mut buffers[i][..size as usize];
+                    let ok = first.get(&i).is_some_and(|r| r.is_ok());
+                    let read = if ok {
+                        Ok(())
+                    } else {
+                        self.inner
+                            .stats
+                            .replica_fallbacks
+                            .fetch_add(1, Ordering::Relaxed);
+                        self.read_with_fallback(&response, out, 1).await
+                    };
+                    read.and_then(|()| self.check_read(key, &response, asked, out))
+                        .map(|()| size)
+                }
+            };
+            results.push(outcome);
+        }
+        results
+    }
+
     /// Preference order of readable memory replicas: this process, this host, the rest.
     fn replica_order(&self, replicas: &[ReplicaDescriptor]) -> Vec<usize> {
         let me = self.inner.engine.endpoint();

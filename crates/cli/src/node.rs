@@ -1,0 +1,70 @@
+//! `mooncake store`: a node daemon that contributes memory to a master and serves transfers of
+//! the objects placed in it, until SIGINT or SIGTERM (then it unmounts and exits 0). When it is
+//! killed instead, the master expires it after `client_ttl` and the rest of the cluster goes on.
+
+use anyhow::Context;
+use mooncake_client::{StoreClient, StoreConfig};
+use mooncake_transfer::TransportMode;
+use std::io::Write;
+
+/// Flags of `mooncake store`.
+#[derive(Debug, clap::Args)]
+pub struct Args {
+    /// The master's RPC address.
+    #[arg(long, default_value = "127.0.0.1:50051")]
+    pub master: String,
+    /// Memory contributed to the cluster (`4GiB`, `512MiB`, `1073741824`).
+    #[arg(long, default_value = "4GiB", value_parser = parse_size_arg)]
+    pub segment_size: u64,
+    /// Host (or `host:port`) that peers use to reach this node's transfer server.
+    #[arg(long, default_value = "127.0.0.1")]
+    pub host: String,
+    /// How same-host peers reach this node's memory: `auto` (shared memory, else TCP), `tcp`, `shm`.
+    #[arg(long, default_value = "auto")]
+    pub transport: TransportMode,
+}
+
+/// Parses `4GiB`-style sizes for clap.
+pub fn parse_size_arg(text: &str) -> Result<u64, String> {
+    mooncake_common::parse_size(text).map_err(|e| format!("{text:?}: {e}"))
+}
+
+pub fn run(args: Args) -> anyhow::Result<()> {
+    if args.segment_size == 0 {
+        anyhow::bail!("--segment-size must be above 0 (a node without memory serves nothing)");
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()?;
+    runtime.block_on(async move {
+        let config = StoreConfig {
+            master_addr: args.master.clone(),
+            local_hostname: args.host.clone(),
+            global_segment_size: args.segment_size,
+            transport: args.transport,
+            ..StoreConfig::default()
+        };
+        let client = StoreClient::connect(config)
+            .await
+            .with_context(|| format!("joining the cluster of master {}", args.master))?;
+        println!(
+            "mooncake store: endpoint {} segment {} master {} client {}",
+            client.endpoint(),
+            mooncake_common::format_size(args.segment_size),
+            args.master,
+            client.client_id()
+        );
+        std::io::stdout().flush()?;
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        tracing::info!("shutting down: unmounting");
+        client.close().await.context("unmounting at shutdown")?;
+        println!("mooncake store: unmounted, bye");
+        Ok(())
+    })
+}
