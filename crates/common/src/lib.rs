@@ -12,6 +12,7 @@ pub mod error;
 pub mod ids;
 pub mod replica;
 pub mod segment;
+pub mod task;
 pub mod tenant;
 pub mod units;
 
@@ -24,5 +25,9 @@ pub use replica::{
     ReplicaDescriptor, ReplicaKind, ReplicaStatus, ReplicaType, SegmentStatus,
 };
 pub use segment::{GetReplicaListResponse, ObjectMeta, PingResponse, Segment};
+pub use task::{
+    CopyStartResponse, MoveStartResponse, QueryTaskResponse, TaskAssignment, TaskCompleteRequest,
+    TaskStatus, TaskType,
+};
 pub use tenant::{TenantId, DEFAULT_TENANT};
 pub use units::{format_size, parse_size, SizeParseError};

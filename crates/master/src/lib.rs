@@ -22,10 +22,11 @@ mod put;
 pub mod quota;
 mod read;
 mod remove;
+mod replication;
 mod segments;
 mod service;
 pub mod strategy;
-mod tasks;
+pub mod tasks;
 mod upsert;
 
 pub use clients::PING_QUEUE_CAPACITY;
@@ -39,3 +40,4 @@ pub use service::{
     AccountingReport, MasterService, PutTimeoutReport, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES,
 };
 pub use strategy::AllocationStrategy;
+pub use tasks::TaskLimits;

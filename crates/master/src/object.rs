@@ -79,7 +79,6 @@ impl Replica {
     }
 
     /// The name of the segment it lives on (memory-like replicas with a live segment).
-    #[allow(dead_code)] // Copy/Move RPCs are the next slice.
     pub fn segment_name(&self) -> Option<std::sync::Arc<str>> {
         self.handle()
             .and_then(BufferHandle::allocator)
@@ -127,7 +126,6 @@ pub(crate) struct PendingSoftPin {
 }
 
 /// Which kind of replication task holds an object.
-#[allow(dead_code)] // Copy/Move RPCs are the next slice.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TaskKind {
     Copy,
@@ -135,7 +133,6 @@ pub(crate) enum TaskKind {
 }
 
 /// An in-flight CopyStart/MoveStart (at most one per object).
-#[allow(dead_code)] // Copy/Move RPCs are the next slice.
 #[derive(Debug, Clone)]
 pub(crate) struct ReplicationTask {
     pub client: ClientId,

@@ -54,6 +54,8 @@ pub struct PutTimeoutReport {
     pub erased_objects: usize,
     /// Discarded replicas whose buffers were freed.
     pub released_replicas: usize,
+    /// Copy/move tasks older than the release timeout that were revoked.
+    pub reaped_tasks: usize,
 }
 
 /// Result of [`MasterService::check_accounting`]: what was found wrong (empty = consistent).
@@ -83,7 +85,6 @@ pub struct MasterService {
     /// Ping queue and client deadlines.
     pub(crate) clients: ClientMonitor,
     /// Client-executed copy/move tasks.
-    #[allow(dead_code)] // Copy/Move RPCs are the next slice.
     pub(crate) tasks: Mutex<TaskManager>,
     /// Serializes eviction cycles (the 10 ms loop and tenant-scoped eviction).
     pub(crate) eviction_lock: Mutex<()>,
@@ -368,6 +369,15 @@ impl MasterService {
                 state.objects.retain(|entry| {
                     let meta = &mut entry.meta;
                     meta.drop_dead_replicas();
+                    if meta
+                        .task()
+                        .is_some_and(|t| t.start_ms.saturating_add(release_ms) <= now)
+                    {
+                        // A copy/move abandoned for the release timeout: targets go, the
+                        // source is unpinned.
+                        Self::drop_task(meta, false);
+                        report.reaped_tasks += 1;
+                    }
                     if meta.is_processing() && meta.put_start_ms.saturating_add(release_ms) <= now {
                         let release_at = meta.put_start_ms.saturating_add(release_ms);
                         let stale =

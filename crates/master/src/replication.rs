@@ -1,0 +1,267 @@
+//! CopyStart/End/Revoke and MoveStart/End/Revoke (spec/master.md §9).
+//!
+//! A start records one task on the object (at most one per object), pins the source replica
+//! (`refcnt += 1`: eviction, Remove and Upsert leave it alone) and appends PROCESSING targets
+//! allocated with `AllocateFrom` on the named segments, charged to the tenant's quota. End marks
+//! the targets COMPLETE (a move also removes the source); Revoke erases the targets. Both unpin
+//! the source and drop the task. Tasks older than `put_start_release_timeout` are revoked by
+//! `run_put_timeouts_once`.
+
+use mooncake_common::{
+    ClientId, CopyStartResponse, ErrorCode, MoveStartResponse, ReplicaDescriptor, ReplicaStatus,
+    SegmentStatus,
+};
+
+use crate::index::key_hash;
+use crate::object::{ObjectMetadata, Replica, ReplicaData, ReplicationTask, TaskKind};
+use crate::service::MasterService;
+
+impl MasterService {
+    /// Checks that every target name is mounted (SEGMENT_NOT_FOUND) and OK
+    /// (UNAVAILABLE_IN_CURRENT_STATUS).
+    fn check_targets(&self, targets: &[&str]) -> Result<(), ErrorCode> {
+        for t in targets {
+            if self.query_segment_status(t)? != SegmentStatus::OK {
+                return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
+            }
+        }
+        Ok(())
+    }
+
+    /// The start common to Copy and Move. Returns the source descriptor and the new targets'.
+    fn replication_start(
+        &self,
+        client: ClientId,
+        key: &str,
+        tenant: &str,
+        source: &str,
+        targets: &[&str],
+        kind: TaskKind,
+    ) -> Result<(ReplicaDescriptor, Vec<ReplicaDescriptor>), ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        self.check_targets(targets)?;
+        let own = key_hash(tenant, key);
+        let _stripe = self.index.stripe(own).lock();
+        let account = self.tenant_account(tenant)?;
+        let hash = self.route(tenant, key);
+        let mut shard = self.index.shard(hash).write();
+        let state = shard
+            .tenant_mut(tenant)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let entry = state
+            .find_mut(hash, key)
+            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
+        let m = &mut entry.meta;
+        m.drop_dead_replicas();
+        if !m.is_valid() {
+            state.remove(hash, key);
+            return Err(ErrorCode::OBJECT_NOT_FOUND);
+        }
+        if m.has_task() {
+            return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
+        }
+        let src_index = m
+            .replicas
+            .iter()
+            .position(|r| {
+                r.is_complete() && r.is_valid() && r.segment_name().is_some_and(|n| &*n == source)
+            })
+            .ok_or(ErrorCode::REPLICA_NOT_FOUND)?;
+        let held: Vec<std::sync::Arc<str>> = m
+            .replicas
+            .iter()
+            .filter_map(Replica::segment_name)
+            .collect();
+        let mut fresh: Vec<&str> = Vec::new();
+        for t in targets {
+            if !held.iter().any(|h| &**h == *t) && !fresh.contains(t) {
+                fresh.push(t);
+            }
+        }
+        let size = m.size;
+        let want = size.saturating_mul(fresh.len() as u64);
+        if let Some(acc) = &account {
+            acc.try_charge(want)
+                .map_err(|_| ErrorCode::TENANT_QUOTA_EXCEEDED)?;
+        }
+        let mut handles = Vec::with_capacity(fresh.len());
+        {
+            let segs = self.segments.inner.read();
+            for t in &fresh {
+                match segs.allocatable.allocate_from(t, size) {
+                    Ok(h) => handles.push(h),
+                    Err(e) => {
+                        drop(handles);
+                        if let Some(acc) = &account {
+                            acc.refund(want);
+                        }
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        if let Some(acc) = &account {
+            // The object's account may be absent (written with quotas off): then nothing was
+            // charged for it and the targets must not be either.
+            if m.account().is_none() {
+                acc.refund(want);
+            }
+        }
+        let mut target_ids = Vec::with_capacity(handles.len());
+        let mut target_descs = Vec::with_capacity(handles.len());
+        for h in handles {
+            let r = Replica {
+                id: self.next_replica_id(),
+                status: ReplicaStatus::PROCESSING,
+                refcnt: 0,
+                data: ReplicaData::Memory(h),
+            };
+            target_ids.push(r.id);
+            if let Some(d) = r.descriptor(size) {
+                target_descs.push(d);
+            }
+            m.replicas.push(r);
+        }
+        let src = &mut m.replicas[src_index];
+        src.refcnt += 1;
+        let src_desc = src.descriptor(size).ok_or(ErrorCode::REPLICA_IS_GONE)?;
+        let source_id = src.id;
+        m.extra_mut().task = Some(ReplicationTask {
+            client,
+            start_ms: self.clock.now_ms(),
+            kind,
+            source: source_id,
+            targets: target_ids,
+        });
+        Ok((src_desc, target_descs))
+    }
+
+    /// Ends (`commit`) or revokes a task of `kind`: see the module doc.
+    fn replication_finish(
+        &self,
+        client: ClientId,
+        key: &str,
+        tenant: &str,
+        kind: TaskKind,
+        commit: bool,
+    ) -> Result<(), ErrorCode> {
+        let tenant = self.resolve_tenant(tenant)?;
+        let hash = self.route(tenant, key);
+        let mut shard = self.index.shard(hash).write();
+        let state = shard
+            .tenant_mut(tenant)
+            .ok_or(ErrorCode::OBJECT_NO_REPLICATION_TASK)?;
+        let entry = state
+            .find_mut(hash, key)
+            .ok_or(ErrorCode::OBJECT_NO_REPLICATION_TASK)?;
+        let m = &mut entry.meta;
+        let task = m.task().ok_or(ErrorCode::OBJECT_NO_REPLICATION_TASK)?;
+        if task.client != client {
+            return Err(ErrorCode::ILLEGAL_CLIENT);
+        }
+        if task.kind != kind {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        let gone = {
+            let alive = |id| m.replicas.iter().any(|r| r.id == id && r.is_valid());
+            !alive(task.source) || !task.targets.iter().all(|&t| alive(t))
+        };
+        let result = if gone {
+            Self::drop_task(m, false);
+            Err(ErrorCode::REPLICA_IS_GONE)
+        } else {
+            Self::drop_task(m, commit);
+            Ok(())
+        };
+        m.drop_dead_replicas();
+        if !m.is_valid() {
+            state.remove(hash, key);
+            shard.drop_tenant_if_empty(tenant);
+        }
+        result
+    }
+
+    /// Drops the object's task: with `commit`, targets become COMPLETE (and a move's source
+    /// goes); without, targets are erased. The source is unpinned either way.
+    pub(crate) fn drop_task(m: &mut ObjectMetadata, commit: bool) {
+        let Some(task) = m.extra.as_mut().and_then(|e| e.task.take()) else {
+            return;
+        };
+        m.compact_extra();
+        for r in m.replicas.iter_mut() {
+            if r.id == task.source {
+                r.refcnt = r.refcnt.saturating_sub(1);
+            }
+            if commit && task.targets.contains(&r.id) && r.status == ReplicaStatus::PROCESSING {
+                r.status = ReplicaStatus::COMPLETE;
+            }
+        }
+        if commit {
+            if task.kind == TaskKind::Move {
+                m.retain_replicas(|r| r.id != task.source);
+            }
+        } else {
+            m.retain_replicas(|r| !task.targets.contains(&r.id));
+        }
+    }
+
+    /// CopyStart: see the module doc. Errors in check order: unknown target →
+    /// SEGMENT_NOT_FOUND, non-OK target → UNAVAILABLE_IN_CURRENT_STATUS, OBJECT_NOT_FOUND,
+    /// OBJECT_HAS_REPLICATION_TASK, no COMPLETE live replica on `source` → REPLICA_NOT_FOUND;
+    /// then TENANT_QUOTA_EXCEEDED or NO_AVAILABLE_HANDLE from the allocation.
+    pub fn copy_start(
+        &self,
+        client: ClientId,
+        key: &str,
+        tenant: &str,
+        source: &str,
+        targets: &[String],
+    ) -> Result<CopyStartResponse, ErrorCode> {
+        let t: Vec<&str> = targets.iter().map(String::as_str).collect();
+        let (source, targets) =
+            self.replication_start(client, key, tenant, source, &t, TaskKind::Copy)?;
+        Ok(CopyStartResponse { source, targets })
+    }
+
+    /// CopyEnd: OBJECT_NO_REPLICATION_TASK, ILLEGAL_CLIENT (another client), INVALID_PARAMS (a
+    /// move task), REPLICA_IS_GONE (source or a target vanished; the task is cleaned up).
+    pub fn copy_end(&self, client: ClientId, key: &str, tenant: &str) -> Result<(), ErrorCode> {
+        self.replication_finish(client, key, tenant, TaskKind::Copy, true)
+    }
+
+    /// CopyRevoke: erases the targets, unpins the source, drops the task (CopyEnd's errors).
+    pub fn copy_revoke(&self, client: ClientId, key: &str, tenant: &str) -> Result<(), ErrorCode> {
+        self.replication_finish(client, key, tenant, TaskKind::Copy, false)
+    }
+
+    /// MoveStart: `source == target` → INVALID_PARAMS; otherwise CopyStart's checks with one
+    /// target, absent from the answer when the target already holds a replica.
+    pub fn move_start(
+        &self,
+        client: ClientId,
+        key: &str,
+        tenant: &str,
+        source: &str,
+        target: &str,
+    ) -> Result<MoveStartResponse, ErrorCode> {
+        if source == target {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        let (source, mut targets) =
+            self.replication_start(client, key, tenant, source, &[target], TaskKind::Move)?;
+        Ok(MoveStartResponse {
+            source,
+            target: targets.pop(),
+        })
+    }
+
+    /// MoveEnd: completes the target and removes the source replica (CopyEnd's errors).
+    pub fn move_end(&self, client: ClientId, key: &str, tenant: &str) -> Result<(), ErrorCode> {
+        self.replication_finish(client, key, tenant, TaskKind::Move, true)
+    }
+
+    /// MoveRevoke: erases the target, keeps the source (CopyEnd's errors).
+    pub fn move_revoke(&self, client: ClientId, key: &str, tenant: &str) -> Result<(), ErrorCode> {
+        self.replication_finish(client, key, tenant, TaskKind::Move, false)
+    }
+}
