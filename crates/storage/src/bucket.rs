@@ -301,6 +301,17 @@ fn scan_data(file: &File, config: &BackendConfig) -> Result<(Vec<Op>, u64), Stor
     Ok((ops, at))
 }
 
+/// The most bytes start-up reads from one `.meta` file; a larger one is treated as corrupt.
+pub const MAX_META_BYTES: u64 = 256 << 20;
+
+fn read_meta_bounded(path: &Path) -> Option<Vec<u8>> {
+    let len = fs::metadata(path).ok()?.len();
+    if len > MAX_META_BYTES {
+        return None;
+    }
+    fs::read(path).ok()
+}
+
 fn list_ids(root: &Path) -> Result<BTreeSet<u64>, StorageError> {
     let mut ids = BTreeSet::new();
     for e in fs::read_dir(root).map_err(io("open"))? {
@@ -365,8 +376,7 @@ impl BucketBackend {
                 }
             };
             let data_len = file.metadata().map_err(io("open"))?.len();
-            let meta = fs::read(&mpath)
-                .ok()
+            let meta = read_meta_bounded(&mpath)
                 .and_then(|b| decode_meta(&b, config.limits.max_key_bytes))
                 .filter(|m| m.bucket_id == id && m.data_len == data_len);
             let ops: Vec<Op> = match meta {
