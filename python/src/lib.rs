@@ -1,0 +1,63 @@
+//! Python bindings of mooncake-rs: `mooncake_rs.store.MooncakeDistributedStore` with upstream
+//! Mooncake's method names, arguments and return conventions, over `mooncake_client::StoreClient`;
+//! plus `run_master` so `python -m mooncake_rs.master` can run a master without other binaries.
+//!
+//! Owns: argument conversion, GIL release around every cluster call, upstream's return codes.
+//! Must never: hold the GIL while waiting on the network, fake a success the client did not
+//! report, or keep a pointer to caller memory after a call returns.
+
+mod buffer;
+mod config;
+mod setup;
+mod store;
+
+use pyo3::prelude::*;
+
+/// Runs a master with `mooncake master`'s flags (argv[0] is the program name) until SIGINT or
+/// SIGTERM; prints "mooncake master listening: rpc ADDR metrics URL" once serving. Returns the
+/// exit code (2 for bad flags).
+#[pyfunction]
+fn run_master(py: Python<'_>, argv: Vec<String>) -> i32 {
+    let args = std::iter::once("mooncake master".to_string()).chain(argv.into_iter().skip(1));
+    match mooncake_server::MasterConfig::load(args) {
+        Ok((config, resolved)) => {
+            py.allow_threads(|| mooncake_server::run_until_signal(config, resolved))
+        }
+        Err(mooncake_server::ConfigError::Flags(message)) => {
+            let is_help = message.contains("Usage:") && !message.starts_with("error");
+            if is_help {
+                print!("{message}");
+                0
+            } else {
+                eprint!("{message}");
+                2
+            }
+        }
+        Err(error) => {
+            eprintln!("mooncake master: {error}");
+            2
+        }
+    }
+}
+
+/// Upstream's error code name for a number (e.g. -704 → "OBJECT_NOT_FOUND"), or None.
+#[pyfunction]
+fn error_name(code: i32) -> Option<&'static str> {
+    mooncake_common::ErrorCode::from_i32(code).map(|c| c.name())
+}
+
+#[pymodule]
+fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
+    m.add_class::<store::Store>()?;
+    m.add_class::<config::ReplicateConfig>()?;
+    m.add_class::<config::SoftPinAction>()?;
+    m.add_class::<config::ReplicaStatus>()?;
+    m.add_class::<config::ReplicaDescriptor>()?;
+    m.add_class::<config::MemoryDescriptor>()?;
+    m.add_class::<config::DiskDescriptor>()?;
+    m.add_class::<config::Descriptor>()?;
+    m.add_class::<buffer::NativeBuffer>()?;
+    m.add_function(wrap_pyfunction!(run_master, m)?)?;
+    m.add_function(wrap_pyfunction!(error_name, m)?)?;
+    Ok(())
+}

@@ -1,0 +1,259 @@
+//! Parsing of `setup(...)`'s arguments: upstream's positional/keyword form and its dict form.
+
+use mooncake_common::parse_size;
+use pyo3::exceptions::PyTypeError;
+use pyo3::prelude::*;
+use pyo3::types::{PyBool, PyDict, PyInt, PyString, PyTuple};
+
+/// Upstream's parameter names, in positional order.
+pub const PARAMS: [&str; 13] = [
+    "local_hostname",
+    "metadata_server",
+    "global_segment_size",
+    "local_buffer_size",
+    "protocol",
+    "rdma_devices",
+    "master_server_addr",
+    "engine",
+    "enable_ssd_offload",
+    "ssd_offload_path",
+    "tenant_id",
+    "enable_client_http_server",
+    "client_http_port",
+];
+
+/// Keys the dict form reads (upstream's list); others are ignored, as upstream does.
+const DICT_KEYS: [&str; 13] = [
+    "local_hostname",
+    "metadata_server",
+    "global_segment_size",
+    "local_buffer_size",
+    "protocol",
+    "rdma_devices",
+    "master_server_addr",
+    "ipc_socket_path",
+    "enable_ssd_offload",
+    "ssd_offload_path",
+    "tenant_id",
+    "enable_client_http_server",
+    "client_http_port",
+];
+
+/// Validated settings.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SetupParams {
+    pub local_hostname: String,
+    pub metadata_server: String,
+    pub global_segment_size: u64,
+    pub local_buffer_size: u64,
+    pub protocol: String,
+    pub master_server_addr: String,
+    pub tenant_id: String,
+}
+
+/// A refusal that `setup` reports as a negative code (INVALID_PARAMS) with this message.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Invalid(pub String);
+
+fn size_value(name: &str, value: &Bound<'_, PyAny>) -> PyResult<Result<u64, Invalid>> {
+    if value.is_instance_of::<PyBool>() {
+        return Err(PyTypeError::new_err(format!(
+            "setup(): {name} must be an int or a size string"
+        )));
+    }
+    if value.is_instance_of::<PyInt>() {
+        return Ok(value
+            .extract::<u64>()
+            .map_err(|_| Invalid(format!("{name} must be between 0 and 2**64-1"))));
+    }
+    if let Ok(text) = value.downcast::<PyString>() {
+        let text = text.to_cow()?;
+        let text: &str = &text;
+        return Ok(parse_size(text).map_err(|e| Invalid(format!("{name}: {e}"))));
+    }
+    Err(PyTypeError::new_err(format!(
+        "setup(): {name} must be an int or a size string such as \"16MB\""
+    )))
+}
+
+fn str_value(name: &str, value: &Bound<'_, PyAny>) -> PyResult<String> {
+    value
+        .downcast::<PyString>()
+        .map_err(|_| PyTypeError::new_err(format!("setup(): {name} must be a str")))?
+        .to_cow()
+        .map(|c| c.into_owned())
+}
+
+/// A Python bool, or the strings upstream's dict form produces ("True", "False", "1", "0", …).
+fn bool_value(name: &str, value: &Bound<'_, PyAny>) -> PyResult<bool> {
+    if let Ok(b) = value.downcast::<PyBool>() {
+        return Ok(b.is_true());
+    }
+    if value.is_instance_of::<PyInt>() {
+        return Ok(value.extract::<i64>()? != 0);
+    }
+    if let Ok(text) = value.downcast::<PyString>() {
+        match text.to_cow()?.trim().to_ascii_lowercase().as_str() {
+            "true" | "1" | "yes" | "on" => return Ok(true),
+            "false" | "0" | "no" | "off" | "" => return Ok(false),
+            _ => {}
+        }
+    }
+    Err(PyTypeError::new_err(format!(
+        "setup(): {name} must be a bool (or \"True\"/\"False\")"
+    )))
+}
+
+/// Collects `setup`'s arguments into a name → value map, with Python's own TypeErrors for
+/// unknown or repeated names. Returns the map and whether the dict form was used.
+pub fn collect<'py>(
+    py: Python<'py>,
+    args: &Bound<'py, PyTuple>,
+    kwargs: Option<&Bound<'py, PyDict>>,
+) -> PyResult<(Bound<'py, PyDict>, bool)> {
+    let out = PyDict::new(py);
+    // Dict form: setup({...}) or setup(config={...}).
+    let dict_arg = if args.len() == 1 && kwargs.map_or(true, |k| k.is_empty()) {
+        args.get_item(0)?.downcast::<PyDict>().ok().cloned()
+    } else if args.is_empty() && kwargs.is_some_and(|k| k.len() == 1) {
+        kwargs
+            .and_then(|k| k.get_item("config").ok().flatten())
+            .and_then(|v| v.downcast::<PyDict>().ok().cloned())
+    } else {
+        None
+    };
+    if let Some(config) = dict_arg {
+        for (key, value) in config.iter() {
+            let key: String = key
+                .extract()
+                .map_err(|_| PyTypeError::new_err("setup(config): keys must be str"))?;
+            if DICT_KEYS.contains(&key.as_str()) {
+                // Upstream stringifies every value before parsing.
+                out.set_item(key, value.str()?)?;
+            }
+        }
+        return Ok((out, true));
+    }
+    if args.len() > PARAMS.len() {
+        return Err(PyTypeError::new_err(format!(
+            "setup() takes at most {} positional arguments ({} given)",
+            PARAMS.len(),
+            args.len()
+        )));
+    }
+    for (i, value) in args.iter().enumerate() {
+        out.set_item(PARAMS[i], value)?;
+    }
+    if let Some(kwargs) = kwargs {
+        for (key, value) in kwargs.iter() {
+            let key: String = key.extract()?;
+            if !PARAMS.contains(&key.as_str()) {
+                return Err(PyTypeError::new_err(format!(
+                    "setup() got an unexpected keyword argument '{key}'"
+                )));
+            }
+            if out.contains(&key)? {
+                return Err(PyTypeError::new_err(format!(
+                    "setup() got multiple values for argument '{key}'"
+                )));
+            }
+            out.set_item(key, value)?;
+        }
+    }
+    Ok((out, false))
+}
+
+/// Validates the collected arguments. `Err` = TypeError (Python-level misuse, naming the
+/// argument); `Ok(Err)` = a value upstream would refuse with a negative code.
+pub fn parse(values: &Bound<'_, PyDict>) -> PyResult<Result<SetupParams, Invalid>> {
+    let get = |name: &str| values.get_item(name).ok().flatten();
+    let Some(local_hostname) = get("local_hostname") else {
+        return Err(PyTypeError::new_err(
+            "setup() missing required argument 'local_hostname'",
+        ));
+    };
+    let Some(metadata_server) = get("metadata_server") else {
+        return Err(PyTypeError::new_err(
+            "setup() missing required argument 'metadata_server'",
+        ));
+    };
+    let local_hostname = str_value("local_hostname", &local_hostname)?;
+    let metadata_server = str_value("metadata_server", &metadata_server)?;
+    let mut sizes = [16u64 << 20, 16u64 << 20];
+    for (slot, name) in ["global_segment_size", "local_buffer_size"]
+        .iter()
+        .enumerate()
+    {
+        if let Some(v) = get(name) {
+            match size_value(name, &v)? {
+                Ok(n) => sizes[slot] = n,
+                Err(invalid) => return Ok(Err(invalid)),
+            }
+        }
+    }
+    let protocol = match get("protocol") {
+        Some(v) => str_value("protocol", &v)?,
+        None => "tcp".to_string(),
+    };
+    if let Some(v) = get("rdma_devices") {
+        str_value("rdma_devices", &v)?;
+    }
+    let master_server_addr = match get("master_server_addr") {
+        Some(v) => str_value("master_server_addr", &v)?,
+        None => "127.0.0.1:50051".to_string(),
+    };
+    // `engine`: upstream reuses a TransferEngine object; we always run our own engine, so any
+    // value is accepted and not used.
+    if let Some(v) = get("enable_ssd_offload") {
+        if bool_value("enable_ssd_offload", &v)? {
+            return Err(PyTypeError::new_err(
+                "setup(): enable_ssd_offload=True is not supported by mooncake_rs (the SSD tier \
+                 belongs to the master's storage service); drop the argument",
+            ));
+        }
+    }
+    if let Some(v) = get("ssd_offload_path") {
+        str_value("ssd_offload_path", &v)?;
+    }
+    let tenant_id = match get("tenant_id") {
+        Some(v) => str_value("tenant_id", &v)?,
+        None => "default".to_string(),
+    };
+    if let Some(v) = get("enable_client_http_server") {
+        if bool_value("enable_client_http_server", &v)? {
+            return Err(PyTypeError::new_err(
+                "setup(): enable_client_http_server=True is not supported by mooncake_rs; drop \
+                 the argument",
+            ));
+        }
+    }
+    if let Some(v) = get("client_http_port") {
+        if !(v.is_instance_of::<PyInt>() || v.is_instance_of::<PyString>()) {
+            return Err(PyTypeError::new_err(
+                "setup(): client_http_port must be an int",
+            ));
+        }
+    }
+    if metadata_server.trim().is_empty() {
+        return Ok(Err(Invalid(
+            "metadata_server is empty (use \"P2PHANDSHAKE\" or an http:// URL)".into(),
+        )));
+    }
+    let protocol = match protocol.trim().to_ascii_lowercase().as_str() {
+        "tcp" | "rdma" => protocol.trim().to_ascii_lowercase(),
+        other => {
+            return Ok(Err(Invalid(format!(
+                "protocol {other:?} is not supported (tcp; rdma falls back to tcp)"
+            ))))
+        }
+    };
+    Ok(Ok(SetupParams {
+        local_hostname,
+        metadata_server,
+        global_segment_size: sizes[0],
+        local_buffer_size: sizes[1],
+        protocol,
+        master_server_addr,
+        tenant_id,
+    }))
+}

@@ -1,0 +1,1096 @@
+//! `MooncakeDistributedStore`: upstream's Python API over [`StoreClient`].
+//!
+//! Every method that talks to the cluster releases the GIL and blocks on the store's own tokio
+//! runtime, so any number of Python threads can share one object. Return conventions are
+//! upstream's: 0 or a negative `ErrorCode` for writes, the byte count or a negative code for
+//! reads into caller memory, `b""` for a missing key.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex, RwLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
+use mooncake_common::{ErrorCode, ReplicateConfig as RsReplicateConfig};
+use mooncake_proto::methods as m;
+use mooncake_transfer::Endpoint;
+use pyo3::prelude::*;
+use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
+
+use crate::buffer::{ByteView, NativeBuffer};
+use crate::config::{ReplicaDescriptor, ReplicateConfig};
+use crate::setup;
+
+/// Code returned by every call made before `setup` succeeded or after `close`.
+const NOT_READY: i32 = ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS as i32;
+const INVALID: i32 = ErrorCode::INVALID_PARAMS as i32;
+const NOT_SUPPORTED: i32 = ErrorCode::NOT_SUPPORTED as i32;
+
+/// Values above this are copied to Python bytes with the GIL released.
+const GIL_FREE_COPY_BYTES: usize = 64 << 10;
+
+/// Upper bound of `setup` (connect + mount), whatever the master does.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
+
+#[derive(Debug)]
+struct Connected {
+    runtime: tokio::runtime::Runtime,
+    client: StoreClient,
+    tenant: String,
+    hostname: String,
+}
+
+impl Connected {
+    fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
+        self.runtime.block_on(future)
+    }
+}
+
+/// Upstream's code for a store error. A caller buffer too small for the object is INVALID_PARAMS
+/// (-600), as upstream answers it.
+fn code_of(error: &StoreError) -> i32 {
+    match error {
+        StoreError::BufferTooSmall { .. } => INVALID,
+        other => other.code().as_i32(),
+    }
+}
+
+fn put_code(result: &Result<PutOutcome, StoreError>) -> i32 {
+    match result {
+        Ok(PutOutcome::Stored) | Ok(PutOutcome::AlreadyPresent) => 0,
+        Err(error) => code_of(error),
+    }
+}
+
+fn to_i64(result: Result<u64, StoreError>) -> i64 {
+    match result {
+        Ok(n) => i64::try_from(n).unwrap_or(i64::MAX),
+        Err(error) => code_of(&error) as i64,
+    }
+}
+
+/// Caller memory `[ptr, ptr+size)` as a slice, or INVALID_PARAMS for a null pointer / bad size.
+///
+/// # Safety
+/// The caller (Python code) promises the range is readable for the duration of the call, as
+/// upstream's zero-copy API requires.
+unsafe fn raw_slice<'a>(ptr: usize, size: usize) -> Result<&'a [u8], i32> {
+    if size == 0 {
+        return Ok(&[]);
+    }
+    if ptr == 0 || size > isize::MAX as usize || ptr.checked_add(size).is_none() {
+        return Err(INVALID);
+    }
+    // SAFETY: forwarded to the caller's contract; non-null and in range checked above.
+    Ok(unsafe { std::slice::from_raw_parts(ptr as *const u8, size) })
+}
+
+/// # Safety
+/// As [`raw_slice`], and writable.
+unsafe fn raw_slice_mut<'a>(ptr: usize, size: usize) -> Result<&'a mut [u8], i32> {
+    if size == 0 {
+        return Ok(&mut []);
+    }
+    if ptr == 0 || size > isize::MAX as usize || ptr.checked_add(size).is_none() {
+        return Err(INVALID);
+    }
+    // SAFETY: forwarded to the caller's contract; non-null and in range checked above.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) })
+}
+
+fn config_of(config: Option<PyRef<'_, ReplicateConfig>>) -> RsReplicateConfig {
+    config.map(|c| c.inner.clone()).unwrap_or_default()
+}
+
+fn log(py: Python<'_>, level: &str, message: &str) {
+    let _ = py
+        .import("logging")
+        .and_then(|l| l.call_method1("getLogger", ("mooncake_rs",)))
+        .and_then(|logger| logger.call_method1(level, (message,)));
+}
+
+/// The segment name peers and `ReplicateConfig.preferred_segment` use for this client.
+fn hostname_of(client: &StoreClient) -> String {
+    if let Some(segment) = client.segments().first() {
+        return segment.name.clone();
+    }
+    match Endpoint::parse(&client.endpoint()) {
+        Ok(endpoint) => endpoint.tcp_authority(),
+        Err(_) => client.endpoint(),
+    }
+}
+
+/// Upstream's `MooncakeDistributedStore` on the mooncake-rs client. See docs/python.md.
+#[pyclass(
+    subclass,
+    module = "mooncake_rs.store",
+    name = "MooncakeDistributedStore"
+)]
+#[derive(Debug, Default)]
+pub struct Store {
+    conn: RwLock<Option<Arc<Connected>>>,
+    /// Serialises setup and close.
+    lifecycle: Mutex<()>,
+}
+
+impl Store {
+    fn conn(&self) -> Option<Arc<Connected>> {
+        match self.conn.read() {
+            Ok(guard) => guard.clone(),
+            Err(poisoned) => poisoned.into_inner().clone(),
+        }
+    }
+
+    fn set_conn(&self, value: Option<Arc<Connected>>) -> Option<Arc<Connected>> {
+        match self.conn.write() {
+            Ok(mut guard) => std::mem::replace(&mut *guard, value),
+            Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), value),
+        }
+    }
+}
+
+impl Drop for Store {
+    fn drop(&mut self) {
+        // Best effort: unmount this client's segment now rather than when its TTL runs out.
+        if let Some(conn) = self.set_conn(None) {
+            let _ = conn.block_on(async {
+                tokio::time::timeout(Duration::from_secs(2), conn.client.close()).await
+            });
+        }
+    }
+}
+
+#[pymethods]
+impl Store {
+    #[new]
+    #[pyo3(signature = (*_args, **_kwargs))]
+    fn new(_args: &Bound<'_, PyTuple>, _kwargs: Option<&Bound<'_, PyDict>>) -> Self {
+        Store::default()
+    }
+
+    /// setup(local_hostname, metadata_server, global_segment_size, local_buffer_size, protocol,
+    ///       rdma_devices, master_server_addr, engine=None, enable_ssd_offload=False,
+    ///       ssd_offload_path="", tenant_id="default", enable_client_http_server=False,
+    ///       client_http_port=9300) -> int
+    /// setup(config: dict) -> int
+    ///
+    /// Connects to the master, starts the transfer engine and mounts `global_segment_size` bytes
+    /// (0 = contribute nothing). Sizes may be ints or strings such as "16MB" / "16 MB";
+    /// percentages are refused. Returns 0, or a negative code (bad value: -600, master
+    /// unreachable: -900/-901) within seconds. Unknown keyword arguments raise TypeError naming
+    /// them, as do the options we do not support when set (enable_ssd_offload=True,
+    /// enable_client_http_server=True).
+    ///
+    /// Differences from upstream: `metadata_server` (P2PHANDSHAKE or a URL) is accepted and not
+    /// contacted (segment endpoints travel in replica descriptors); `engine` is ignored (we always
+    /// run our own engine); protocol "rdma" falls back to TCP with a warning; `local_buffer_size`
+    /// caps nothing (puts and gets use caller memory in place). Calling setup on a store that is
+    /// already set up returns -1010 (UNAVAILABLE_IN_CURRENT_STATUS); close() first.
+    #[pyo3(signature = (*args, **kwargs))]
+    fn setup(
+        &self,
+        py: Python<'_>,
+        args: &Bound<'_, PyTuple>,
+        kwargs: Option<&Bound<'_, PyDict>>,
+    ) -> PyResult<i32> {
+        let (values, _dict_form) = setup::collect(py, args, kwargs)?;
+        let params = match setup::parse(&values)? {
+            Ok(params) => params,
+            Err(setup::Invalid(message)) => {
+                log(py, "error", &format!("setup refused: {message}"));
+                return Ok(INVALID);
+            }
+        };
+        if params.protocol == "rdma" {
+            log(
+                py,
+                "warning",
+                "protocol 'rdma' is not available in mooncake_rs: using tcp (same-host peers \
+                 use shared memory)",
+            );
+        }
+        let _lifecycle = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        if self.conn().is_some() {
+            log(
+                py,
+                "error",
+                "setup: this store is already set up; close() it first",
+            );
+            return Ok(NOT_READY);
+        }
+        let io_threads = std::env::var("MC_RS_IO_THREADS")
+            .ok()
+            .and_then(|v| v.parse::<usize>().ok())
+            .filter(|&n| n > 0)
+            .unwrap_or(2);
+        let tenant = if params.tenant_id.is_empty() {
+            "default".to_string()
+        } else {
+            params.tenant_id.clone()
+        };
+        let config = StoreConfig {
+            master_addr: params.master_server_addr.clone(),
+            local_hostname: params.local_hostname.clone(),
+            global_segment_size: params.global_segment_size,
+            local_buffer_size: params.local_buffer_size,
+            protocol: "tcp".to_string(),
+            tenant: tenant.clone(),
+            ..StoreConfig::default()
+        };
+        let outcome = py.allow_threads(move || {
+            let runtime = tokio::runtime::Builder::new_multi_thread()
+                .worker_threads(io_threads)
+                .thread_name("mooncake-rs-io")
+                .enable_all()
+                .build()
+                .map_err(|e| (ErrorCode::INTERNAL_ERROR.as_i32(), e.to_string()))?;
+            let connected = runtime.block_on(async {
+                match tokio::time::timeout(SETUP_TIMEOUT, StoreClient::connect(config)).await {
+                    Ok(Ok(client)) => Ok(client),
+                    Ok(Err(error)) => Err((code_of(&error), error.to_string())),
+                    Err(_) => Err((
+                        ErrorCode::RPC_TIMEOUT.as_i32(),
+                        format!("no answer within {} s", SETUP_TIMEOUT.as_secs()),
+                    )),
+                }
+            });
+            match connected {
+                Ok(client) => {
+                    let hostname = hostname_of(&client);
+                    Ok(Connected {
+                        runtime,
+                        client,
+                        tenant,
+                        hostname,
+                    })
+                }
+                Err(e) => Err(e),
+            }
+        });
+        match outcome {
+            Ok(connected) => {
+                self.set_conn(Some(Arc::new(connected)));
+                Ok(0)
+            }
+            Err((code, message)) => {
+                log(
+                    py,
+                    "error",
+                    &format!(
+                        "setup failed ({code}): {message} [master_server_addr={}]",
+                        params.master_server_addr
+                    ),
+                );
+                Ok(code)
+            }
+        }
+    }
+
+    /// Unmounts this client's segment (objects stored only there are gone) and stops the client.
+    /// Returns 0 (also when not set up); setup() may be called again afterwards.
+    fn close(&self, py: Python<'_>) -> i32 {
+        let _lifecycle = self
+            .lifecycle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner());
+        let Some(conn) = self.set_conn(None) else {
+            return 0;
+        };
+        py.allow_threads(move || {
+            let rc = match conn.block_on(conn.client.close()) {
+                Ok(()) => 0,
+                Err(error) => code_of(&error),
+            };
+            drop(conn);
+            rc
+        })
+    }
+
+    /// 0 healthy, 1 not set up or closed, 2 master unreachable.
+    fn health_check(&self, py: Python<'_>) -> i32 {
+        let Some(conn) = self.conn() else { return 1 };
+        py.allow_threads(|| {
+            let ok = conn.block_on(async {
+                matches!(
+                    tokio::time::timeout(HEALTH_TIMEOUT, conn.client.master().service_ready())
+                        .await,
+                    Ok(Ok(_))
+                )
+            });
+            if ok {
+                0
+            } else {
+                2
+            }
+        })
+    }
+
+    /// This client's segment name ("host:port"), usable as `ReplicateConfig.preferred_segment`.
+    /// "" before setup.
+    fn get_hostname(&self) -> String {
+        self.conn().map(|c| c.hostname.clone()).unwrap_or_default()
+    }
+
+    // ----- copying writes ----------------------------------------------------------------------
+
+    /// Stores `value` (any bytes-like object) under `key`. 0 on success, also when the key exists
+    /// or is being written by another client (the first write stays); negative code otherwise
+    /// (-200 when the store is full and eviction cannot make room).
+    #[pyo3(signature = (key, value, config=None))]
+    fn put(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let view = ByteView::new(value)?;
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        let config = config_of(config);
+        let bytes = view.as_slice();
+        Ok(py.allow_threads(|| put_code(&conn.block_on(conn.client.put(key, bytes, &config)))))
+    }
+
+    /// Stores the concatenation of `parts` (bytes-like) under `key`, without concatenating them
+    /// first. Same results as put().
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn put_parts(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let views = parts
+            .iter()
+            .map(|p| ByteView::new(&p))
+            .collect::<PyResult<Vec<_>>>()?;
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        let config = config_of(config);
+        let slices: Vec<&[u8]> = views.iter().map(|v| v.as_slice()).collect();
+        Ok(py.allow_threads(|| {
+            put_code(&conn.block_on(conn.client.put_parts(key, &slices, &config)))
+        }))
+    }
+
+    /// Stores every `values[i]` under `keys[i]` (one master round trip per phase). Returns 0 when
+    /// every key succeeded (or already existed), else the first negative code.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn put_batch(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let views = values
+            .try_iter()?
+            .map(|v| ByteView::new(&v?))
+            .collect::<PyResult<Vec<_>>>()?;
+        if views.len() != keys.len() {
+            return Ok(INVALID);
+        }
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let config = config_of(config);
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .zip(&views)
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        Ok(py.allow_threads(|| {
+            let results = conn.block_on(conn.client.put_batch(&items, &config));
+            results.iter().map(put_code).find(|&c| c != 0).unwrap_or(0)
+        }))
+    }
+
+    // ----- copying reads -----------------------------------------------------------------------
+
+    /// The value stored under `key`, or b"" when it is missing (or on any error).
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+        let Some(conn) = self.conn() else {
+            return Ok(PyBytes::new(py, b""));
+        };
+        let value = py.allow_threads(|| conn.block_on(conn.client.get(key)));
+        match value {
+            Ok(bytes) => bytes_of(py, bytes),
+            Err(_) => Ok(PyBytes::new(py, b"")),
+        }
+    }
+
+    /// One bytes object per key, in order; b"" for a missing key.
+    fn get_batch<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+        let Some(conn) = self.conn() else {
+            return Ok(keys.iter().map(|_| PyBytes::new(py, b"")).collect());
+        };
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = py.allow_threads(|| {
+            if refs.is_empty() {
+                return Vec::new();
+            }
+            conn.block_on(conn.client.get_batch(&refs))
+        });
+        values
+            .into_iter()
+            .map(|v| match v {
+                Ok(bytes) => bytes_of(py, bytes),
+                Err(_) => Ok(PyBytes::new(py, b"")),
+            })
+            .collect()
+    }
+
+    /// The object's bytes held by a `_NativeBuffer` (wrapped as BufferHandle by
+    /// `mooncake_rs.store`), or None when missing.
+    fn _get_buffer_native(&self, py: Python<'_>, key: &str) -> Option<NativeBuffer> {
+        let conn = self.conn()?;
+        let value = py.allow_threads(|| conn.block_on(conn.client.get(key)));
+        value.ok().map(NativeBuffer::from_vec)
+    }
+
+    fn _batch_get_buffer_native(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+    ) -> Vec<Option<NativeBuffer>> {
+        let Some(conn) = self.conn() else {
+            return keys.iter().map(|_| None).collect();
+        };
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        let values = py.allow_threads(|| {
+            if refs.is_empty() {
+                return Vec::new();
+            }
+            conn.block_on(conn.client.get_batch(&refs))
+        });
+        values
+            .into_iter()
+            .map(|v| v.ok().map(NativeBuffer::from_vec))
+            .collect()
+    }
+
+    // ----- registered memory and zero-copy calls -----------------------------------------------
+
+    /// Registers `[buffer_ptr, buffer_ptr+size)` for zero-copy calls. The memory must stay valid
+    /// until unregister_buffer() or close(). 0 or a negative code.
+    fn register_buffer(&self, py: Python<'_>, buffer_ptr: usize, size: usize) -> i32 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        if buffer_ptr == 0 || size == 0 || size > isize::MAX as usize {
+            return INVALID;
+        }
+        py.allow_threads(|| {
+            // SAFETY: the caller promises the range stays valid until unregister/close, which is
+            // the contract of upstream's register_buffer.
+            match unsafe { conn.client.register_buffer(buffer_ptr as *mut u8, size) } {
+                Ok(()) => 0,
+                Err(error) => code_of(&error),
+            }
+        })
+    }
+
+    /// Unregisters a buffer registered at `buffer_ptr` (waits for transfers using it).
+    fn unregister_buffer(&self, py: Python<'_>, buffer_ptr: usize) -> i32 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        py.allow_threads(
+            || match conn.client.unregister_buffer(buffer_ptr as *mut u8) {
+                Ok(()) => 0,
+                Err(error) => code_of(&error),
+            },
+        )
+    }
+
+    /// Stores `size` bytes at `buffer_ptr` under `key`. Same results as put(). Unlike upstream,
+    /// the memory need not be registered (unregistered memory is registered for the call).
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn put_from(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i32 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        let config = config_of(config);
+        py.allow_threads(|| {
+            // SAFETY: upstream's contract: the caller's range is readable during the call.
+            let bytes = match unsafe { raw_slice(buffer_ptr, size) } {
+                Ok(b) => b,
+                Err(code) => return code,
+            };
+            put_code(&conn.block_on(conn.client.put(key, bytes, &config)))
+        })
+    }
+
+    /// Reads the object into `[buffer_ptr, buffer_ptr+size)`: returns its length in bytes, or a
+    /// negative code (-704 missing, -600 when `size` is smaller than the object).
+    fn get_into(&self, py: Python<'_>, key: &str, buffer_ptr: usize, size: usize) -> i64 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY as i64;
+        };
+        py.allow_threads(|| {
+            // SAFETY: upstream's contract: the caller's range is writable during the call.
+            let buffer = match unsafe { raw_slice_mut(buffer_ptr, size) } {
+                Ok(b) => b,
+                Err(code) => return code as i64,
+            };
+            to_i64(conn.block_on(conn.client.get_into(key, buffer)))
+        })
+    }
+
+    /// put_from for many keys: one result per key, in order (0 or a negative code).
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_put_from(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i32> {
+        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
+            return vec![INVALID; keys.len()];
+        }
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY; keys.len()];
+        };
+        let config = config_of(config);
+        py.allow_threads(|| {
+            let mut out = vec![0i32; keys.len()];
+            let mut items = Vec::with_capacity(keys.len());
+            let mut slots = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
+                match unsafe { raw_slice(buffer_ptrs[i], sizes[i]) } {
+                    Ok(bytes) => {
+                        items.push((key.as_str(), bytes));
+                        slots.push(i);
+                    }
+                    Err(code) => out[i] = code,
+                }
+            }
+            if !items.is_empty() {
+                let results = conn.block_on(conn.client.put_batch(&items, &config));
+                for (slot, result) in slots.into_iter().zip(results.iter()) {
+                    out[slot] = put_code(result);
+                }
+            }
+            out
+        })
+    }
+
+    /// get_into for many keys: one result per key, in order (bytes read or a negative code).
+    fn batch_get_into(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+    ) -> Vec<i64> {
+        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
+            return vec![INVALID as i64; keys.len()];
+        }
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY as i64; keys.len()];
+        };
+        py.allow_threads(|| {
+            let mut buffers = Vec::with_capacity(keys.len());
+            for i in 0..keys.len() {
+                // SAFETY: upstream's contract: the caller's ranges are writable during the call.
+                buffers.push(unsafe { raw_slice_mut(buffer_ptrs[i], sizes[i]) });
+            }
+            conn.block_on(join_all(keys.iter().zip(buffers).map(
+                |(key, buffer)| async {
+                    match buffer {
+                        Ok(buffer) => to_i64(conn.client.get_into(key, buffer).await),
+                        Err(code) => code as i64,
+                    }
+                },
+            )))
+        })
+    }
+
+    /// Stores, for each key, the concatenation of the buffers `all_buffer_ptrs[i][j]` of sizes
+    /// `all_sizes[i][j]` (layer-wise KV layouts). One result per key: 0 or a negative code.
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, config=None))]
+    fn batch_put_from_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i32> {
+        if keys.len() != all_buffer_ptrs.len() || keys.len() != all_sizes.len() {
+            return vec![INVALID; keys.len()];
+        }
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY; keys.len()];
+        };
+        let config = config_of(config);
+        py.allow_threads(|| {
+            let mut parts: Vec<Result<Vec<&[u8]>, i32>> = Vec::with_capacity(keys.len());
+            for (ptrs, sizes) in all_buffer_ptrs.iter().zip(&all_sizes) {
+                if ptrs.len() != sizes.len() {
+                    parts.push(Err(INVALID));
+                    continue;
+                }
+                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
+                parts.push(
+                    ptrs.iter()
+                        .zip(sizes)
+                        .map(|(&p, &s)| unsafe { raw_slice(p, s) })
+                        .collect(),
+                );
+            }
+            conn.block_on(join_all(keys.iter().zip(&parts).map(
+                |(key, parts)| async {
+                    match parts {
+                        Ok(parts) => put_code(&conn.client.put_parts(key, parts, &config).await),
+                        Err(code) => *code,
+                    }
+                },
+            )))
+        })
+    }
+
+    /// Reads each object into its buffers `all_buffer_ptrs[i][j]` in order (the object is the
+    /// concatenation of the buffers). One result per key: the object's length, or a negative
+    /// code (-600 when the buffers cannot hold it). `prefer_alloc_in_same_node` is accepted and
+    /// not used (replica choice already prefers this process, then this host).
+    #[pyo3(signature = (keys, all_buffer_ptrs, all_sizes, prefer_alloc_in_same_node=false))]
+    fn batch_get_into_multi_buffers(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        prefer_alloc_in_same_node: bool,
+    ) -> Vec<i64> {
+        let _ = prefer_alloc_in_same_node;
+        if keys.len() != all_buffer_ptrs.len() || keys.len() != all_sizes.len() {
+            return vec![INVALID as i64; keys.len()];
+        }
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY as i64; keys.len()];
+        };
+        py.allow_threads(|| {
+            conn.block_on(join_all(
+                keys.iter()
+                    .zip(all_buffer_ptrs.iter().zip(&all_sizes))
+                    .map(|(key, (ptrs, sizes))| get_into_buffers(&conn.client, key, ptrs, sizes)),
+            ))
+        })
+    }
+
+    /// Gathers byte ranges of objects into buffers: for buffer i, key `all_keys[i][j]` and range k,
+    /// copies `all_sizes[i][j][k]` bytes from object offset `all_src_offsets[i][j][k]` to
+    /// `buffer_ptrs[i] + all_dst_offsets[i][j][k]`. Results have the same shape: bytes copied or a
+    /// negative code. Unlike upstream, each object is read whole once and the ranges are copied
+    /// out of it (no ranged transfer in our client yet).
+    fn get_into_ranges(
+        &self,
+        py: Python<'_>,
+        buffer_ptrs: Vec<usize>,
+        all_keys: Vec<Vec<String>>,
+        all_dst_offsets: Vec<Vec<Vec<usize>>>,
+        all_src_offsets: Vec<Vec<Vec<usize>>>,
+        all_sizes: Vec<Vec<Vec<usize>>>,
+    ) -> Vec<Vec<Vec<i64>>> {
+        let shape_error = |code: i32| -> Vec<Vec<Vec<i64>>> {
+            all_sizes
+                .iter()
+                .map(|per_key| per_key.iter().map(|r| vec![code as i64; r.len()]).collect())
+                .collect()
+        };
+        let n = buffer_ptrs.len();
+        if all_keys.len() != n
+            || all_dst_offsets.len() != n
+            || all_src_offsets.len() != n
+            || all_sizes.len() != n
+        {
+            return shape_error(INVALID);
+        }
+        let Some(conn) = self.conn() else {
+            return shape_error(NOT_READY);
+        };
+        py.allow_threads(|| {
+            let mut distinct: Vec<&str> = all_keys.iter().flatten().map(String::as_str).collect();
+            distinct.sort_unstable();
+            distinct.dedup();
+            let values: HashMap<&str, Result<Vec<u8>, StoreError>> = if distinct.is_empty() {
+                HashMap::new()
+            } else {
+                let got = conn.block_on(conn.client.get_batch(&distinct));
+                distinct.iter().copied().zip(got).collect()
+            };
+            let mut out = Vec::with_capacity(n);
+            for i in 0..n {
+                let keys = &all_keys[i];
+                let mut per_buffer = Vec::with_capacity(keys.len());
+                for (j, key) in keys.iter().enumerate() {
+                    let (Some(dsts), Some(srcs), Some(sizes)) = (
+                        all_dst_offsets[i].get(j),
+                        all_src_offsets[i].get(j),
+                        all_sizes[i].get(j),
+                    ) else {
+                        per_buffer.push(Vec::new());
+                        continue;
+                    };
+                    let mut per_key = Vec::with_capacity(sizes.len());
+                    for k in 0..sizes.len() {
+                        let (Some(&dst), Some(&src), size) = (dsts.get(k), srcs.get(k), sizes[k])
+                        else {
+                            per_key.push(INVALID as i64);
+                            continue;
+                        };
+                        let value = match values.get(key.as_str()) {
+                            Some(Ok(v)) => v,
+                            Some(Err(error)) => {
+                                per_key.push(code_of(error) as i64);
+                                continue;
+                            }
+                            None => {
+                                per_key.push(INVALID as i64);
+                                continue;
+                            }
+                        };
+                        let Some(source) =
+                            src.checked_add(size).and_then(|end| value.get(src..end))
+                        else {
+                            per_key.push(INVALID as i64);
+                            continue;
+                        };
+                        let Some(target) = buffer_ptrs[i].checked_add(dst) else {
+                            per_key.push(INVALID as i64);
+                            continue;
+                        };
+                        // SAFETY: upstream's contract: each destination range lies in caller
+                        // memory that is writable during the call.
+                        match unsafe { raw_slice_mut(target, size) } {
+                            Ok(dest) => {
+                                dest.copy_from_slice(source);
+                                per_key.push(size as i64);
+                            }
+                            Err(code) => per_key.push(code as i64),
+                        }
+                    }
+                    per_buffer.push(per_key);
+                }
+                out.push(per_buffer);
+            }
+            out
+        })
+    }
+
+    // ----- metadata ----------------------------------------------------------------------------
+
+    /// 1 if the key is readable (and grants the read lease that protects it until it is read),
+    /// 0 if missing or still being written, a negative code on error.
+    fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        py.allow_threads(|| match conn.block_on(conn.client.is_exist(key)) {
+            Ok(true) => 1,
+            Ok(false) => 0,
+            Err(error) => code_of(&error),
+        })
+    }
+
+    /// is_exist for many keys: one result per key, in order (1, 0 or a negative code).
+    fn batch_is_exist(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY; keys.len()];
+        };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        py.allow_threads(|| match conn.block_on(conn.client.batch_is_exist(&refs)) {
+            Ok(results) if results.len() == refs.len() => results
+                .into_iter()
+                .map(|r| match r {
+                    Ok(true) => 1,
+                    Ok(false) => 0,
+                    Err(code) => code.as_i32(),
+                })
+                .collect(),
+            Ok(_) => vec![ErrorCode::INTERNAL_ERROR.as_i32(); refs.len()],
+            Err(error) => vec![code_of(&error); refs.len()],
+        })
+    }
+
+    /// The object's size in bytes, or a negative code (-704 when missing).
+    fn get_size(&self, py: Python<'_>, key: &str) -> i64 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY as i64;
+        };
+        py.allow_threads(|| to_i64(conn.block_on(conn.client.get_size(key))))
+    }
+
+    /// The readable replicas of `key` ([] when missing or on error).
+    fn get_replica_desc(&self, py: Python<'_>, key: &str) -> Vec<ReplicaDescriptor> {
+        let Some(conn) = self.conn() else {
+            return Vec::new();
+        };
+        py.allow_threads(|| conn.block_on(conn.client.get_replica_desc(key)))
+            .map(|r| r.into_iter().map(ReplicaDescriptor::from).collect())
+            .unwrap_or_default()
+    }
+
+    /// {key: [ReplicaDescriptor, ...]} for every key ([] for a missing key).
+    fn batch_get_replica_desc<'py>(
+        &self,
+        py: Python<'py>,
+        keys: Vec<String>,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let out = PyDict::new(py);
+        let conn = self.conn();
+        let results: Vec<Vec<ReplicaDescriptor>> = match &conn {
+            None => keys.iter().map(|_| Vec::new()).collect(),
+            Some(conn) => py.allow_threads(|| {
+                conn.block_on(join_all(
+                    keys.iter().map(|k| conn.client.get_replica_desc(k)),
+                ))
+                .into_iter()
+                .map(|r| {
+                    r.map(|v| v.into_iter().map(ReplicaDescriptor::from).collect())
+                        .unwrap_or_default()
+                })
+                .collect()
+            }),
+        };
+        for (key, descs) in keys.iter().zip(results) {
+            out.set_item(key, PyList::new(py, descs)?)?;
+        }
+        Ok(out)
+    }
+
+    /// Removes `key`: 0 or a negative code (-704 missing, -706 while a read lease is held unless
+    /// force=True).
+    #[pyo3(signature = (key, force=false))]
+    fn remove(&self, py: Python<'_>, key: &str, force: bool) -> i32 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        py.allow_threads(|| match conn.block_on(conn.client.remove(key, force)) {
+            Ok(()) => 0,
+            Err(error) => code_of(&error),
+        })
+    }
+
+    /// remove for many keys: one result per key, in order.
+    #[pyo3(signature = (keys, force=false))]
+    fn batch_remove(&self, py: Python<'_>, keys: Vec<String>, force: bool) -> Vec<i32> {
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY; keys.len()];
+        };
+        if keys.is_empty() {
+            return Vec::new();
+        }
+        let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+        py.allow_threads(
+            || match conn.block_on(conn.client.batch_remove(&refs, force)) {
+                Ok(results) if results.len() == refs.len() => results
+                    .into_iter()
+                    .map(|r| match r {
+                        Ok(()) => 0,
+                        Err(code) => code.as_i32(),
+                    })
+                    .collect(),
+                Ok(_) => vec![ErrorCode::INTERNAL_ERROR.as_i32(); refs.len()],
+                Err(error) => vec![code_of(&error); refs.len()],
+            },
+        )
+    }
+
+    /// Removes every key matching `regex_pattern`; returns how many, or a negative code.
+    #[pyo3(signature = (regex_pattern, force=false))]
+    fn remove_by_regex(&self, py: Python<'_>, regex_pattern: &str, force: bool) -> i64 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY as i64;
+        };
+        py.allow_threads(|| {
+            match conn.block_on(conn.client.remove_by_regex(regex_pattern, force)) {
+                Ok(n) => n,
+                Err(error) => code_of(&error) as i64,
+            }
+        })
+    }
+
+    /// Removes every object of this client's tenant; returns how many, or a negative code.
+    #[pyo3(signature = (force=false))]
+    fn remove_all(&self, py: Python<'_>, force: bool) -> i64 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY as i64;
+        };
+        py.allow_threads(|| match conn.block_on(conn.client.remove_all(force)) {
+            Ok(n) => n,
+            Err(error) => code_of(&error) as i64,
+        })
+    }
+
+    /// Drops this client's replicas of `keys` on `segment_name` ("" = every segment) whose read
+    /// lease has expired; returns the keys cleared ([] on error).
+    #[pyo3(signature = (keys, segment_name=String::new()))]
+    fn batch_replica_clear(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        segment_name: String,
+    ) -> Vec<String> {
+        let Some(conn) = self.conn() else {
+            return Vec::new();
+        };
+        py.allow_threads(|| {
+            let request = m::BatchReplicaClear {
+                keys,
+                client: conn.client.client_id(),
+                segment_name,
+                tenant: conn.tenant.clone(),
+            };
+            conn.block_on(conn.client.master().call(&request))
+                .unwrap_or_default()
+        })
+    }
+
+    // ----- upsert (not served yet) -------------------------------------------------------------
+
+    /// Insert-or-update. NOT SUPPORTED YET: our client and master do not serve upsert, so this
+    /// returns -1012 (NOT_SUPPORTED) and writes nothing. Use remove() + put() meanwhile.
+    #[pyo3(signature = (key, value, config=None))]
+    fn upsert(
+        &self,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let _ = (key, config);
+        ByteView::new(value)?;
+        Ok(NOT_SUPPORTED)
+    }
+
+    /// NOT SUPPORTED YET (see upsert): returns -1012.
+    #[pyo3(signature = (key, *parts, config=None))]
+    fn upsert_parts(
+        &self,
+        key: &str,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i32 {
+        let _ = (key, parts, config);
+        NOT_SUPPORTED
+    }
+
+    /// NOT SUPPORTED YET (see upsert): returns -1012.
+    #[pyo3(signature = (keys, values, config=None))]
+    fn upsert_batch(
+        &self,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i32 {
+        let _ = (keys, values, config);
+        NOT_SUPPORTED
+    }
+
+    /// NOT SUPPORTED YET (see upsert): returns -1012.
+    #[pyo3(signature = (key, buffer_ptr, size, config=None))]
+    fn upsert_from(
+        &self,
+        key: &str,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i32 {
+        let _ = (key, buffer_ptr, size, config);
+        NOT_SUPPORTED
+    }
+
+    /// NOT SUPPORTED YET (see upsert): -1012 for every key.
+    #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
+    fn batch_upsert_from(
+        &self,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i32> {
+        let _ = (buffer_ptrs, sizes, config);
+        vec![NOT_SUPPORTED; keys.len()]
+    }
+}
+
+/// Python bytes from a Vec (the copy runs without the GIL for large values).
+fn bytes_of(py: Python<'_>, bytes: Vec<u8>) -> PyResult<Bound<'_, PyBytes>> {
+    if bytes.len() < GIL_FREE_COPY_BYTES {
+        return Ok(PyBytes::new(py, &bytes));
+    }
+    PyBytes::new_with(py, bytes.len(), |out| {
+        py.allow_threads(|| out.copy_from_slice(&bytes));
+        Ok(())
+    })
+}
+
+/// Reads `key` into the buffers `(ptrs[j], sizes[j])` in order; the object's length or a code.
+async fn get_into_buffers(client: &StoreClient, key: &str, ptrs: &[usize], sizes: &[usize]) -> i64 {
+    if ptrs.len() != sizes.len() || ptrs.is_empty() {
+        return INVALID as i64;
+    }
+    let capacity: usize = sizes.iter().fold(0usize, |a, &s| a.saturating_add(s));
+    let contiguous = ptrs
+        .windows(2)
+        .zip(sizes)
+        .all(|(w, &s)| w[0].checked_add(s) == Some(w[1]));
+    if contiguous {
+        // SAFETY: upstream's contract: every buffer is writable during the call; they are
+        // adjacent, so together they form one range.
+        return match unsafe { raw_slice_mut(ptrs[0], capacity) } {
+            Ok(buffer) => to_i64(client.get_into(key, buffer).await),
+            Err(code) => code as i64,
+        };
+    }
+    let value = match client.get(key).await {
+        Ok(v) => v,
+        Err(error) => return code_of(&error) as i64,
+    };
+    if value.len() > capacity {
+        return INVALID as i64;
+    }
+    let mut offset = 0usize;
+    for (&ptr, &size) in ptrs.iter().zip(sizes) {
+        if offset >= value.len() {
+            break;
+        }
+        let n = size.min(value.len() - offset);
+        // SAFETY: upstream's contract: each buffer is writable for `size` >= `n` bytes.
+        match unsafe { raw_slice_mut(ptr, n) } {
+            Ok(dest) => dest.copy_from_slice(&value[offset..offset + n]),
+            Err(code) => return code as i64,
+        }
+        offset += n;
+    }
+    value.len() as i64
+}
