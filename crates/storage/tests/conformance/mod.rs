@@ -41,7 +41,8 @@ macro_rules! conformance_suite {
             restart_finds_exactly_the_acknowledged_objects,
             closed_backend_refuses_operations,
             flipped_bytes_are_detected_never_returned,
-            truncated_files_lose_only_damaged_records
+            truncated_files_lose_only_damaged_records,
+            random_operations_match_a_model
         );
     };
     (@tests $name:ident, $open:expr, $($test:ident),* $(,)?) => {
@@ -911,5 +912,83 @@ pub fn truncated_files_lose_only_damaged_records(open: &Opener) {
             let f = std::fs::OpenOptions::new().write(true).open(path).unwrap();
             f.set_len(rng.below(extent.max(1))).unwrap();
         });
+    }
+}
+
+// ------------------------------------------------------------------------------------------------
+// model check
+
+/// Random puts (batches, overwrites, duplicate keys in a batch), removes, reads and restarts,
+/// compared after every step with a `BTreeMap` model.
+pub fn random_operations_match_a_model(open: &Opener) {
+    for seed in 0..3u64 {
+        let dir = tempfile::tempdir().unwrap();
+        let durability = [Durability::None, Durability::Batch, Durability::Always][seed as usize];
+        let cfg = config(dir.path(), 256 * MIB).with_durability(durability);
+        let mut b = open_ok(open, &cfg);
+        let mut model: BTreeMap<String, Vec<u8>> = BTreeMap::new();
+        let mut rng = Rng::new(1000 + seed);
+        for step in 0..300u64 {
+            let key = |rng: &mut Rng| format!("m{}", rng.below(40));
+            match rng.below(20) {
+                0..=9 => {
+                    let n = 1 + rng.below(4) as usize;
+                    let ks: Vec<String> = (0..n).map(|_| key(&mut rng)).collect();
+                    let vs: Vec<Vec<u8>> = ks
+                        .iter()
+                        .map(|k| value_for(k, step, rng.below(20_000) as usize))
+                        .collect();
+                    let entries: Vec<(&str, &[u8])> = ks
+                        .iter()
+                        .zip(&vs)
+                        .map(|(k, v)| (k.as_str(), v.as_slice()))
+                        .collect();
+                    for (i, r) in b.put_batch(&entries).into_iter().enumerate() {
+                        r.unwrap_or_else(|e| panic!("step {step}: put {}: {e}", ks[i]));
+                    }
+                    model.extend(ks.into_iter().zip(vs));
+                }
+                10..=12 => {
+                    let k = key(&mut rng);
+                    let was = b.remove(&k).unwrap();
+                    assert_eq!(was, model.remove(&k).is_some(), "step {step}: remove {k}");
+                }
+                13..=18 => {
+                    let k = key(&mut rng);
+                    match (get(&*b, &k), model.get(&k)) {
+                        (Ok(v), Some(m)) => assert!(v == *m, "step {step}: {k} differs"),
+                        (Err(e), None) => {
+                            assert_eq!(e.code(), ErrorCode::OBJECT_NOT_FOUND, "step {step}")
+                        }
+                        (got, want) => panic!(
+                            "step {step}: {k}: got {:?}, model has {:?} bytes",
+                            got.map(|v| v.len()),
+                            want.map(|v| v.len())
+                        ),
+                    }
+                }
+                _ => {
+                    b.close().unwrap();
+                    drop(b);
+                    b = open_ok(open, &cfg);
+                }
+            }
+            let u = b.usage();
+            assert_eq!(
+                u.object_count,
+                model.len() as u64,
+                "step {step}: object count"
+            );
+            assert_eq!(
+                u.used_bytes,
+                model.values().map(|v| v.len() as u64).sum::<u64>(),
+                "step {step}: used bytes"
+            );
+        }
+        assert_holds_exactly(&*b, &model);
+        b.close().unwrap();
+        drop(b);
+        let b = open_ok(open, &cfg);
+        assert_holds_exactly(&*b, &model);
     }
 }
