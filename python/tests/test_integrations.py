@@ -1,0 +1,197 @@
+"""What SGLang, vLLM, LMCache and upstream's REST service rely on (issue 7, item 4)."""
+
+import ctypes
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import numpy as np
+
+from conftest import HERE, Master, make_store
+from mooncake_rs.store import ReplicateConfig
+
+NO_AVAILABLE_HANDLE = -200
+OBJECT_HAS_LEASE = -706
+
+
+class Peer:
+    """A client in another process (tests/peer_proc.py)."""
+
+    def __init__(self, addr, segment):
+        self.proc = subprocess.Popen([sys.executable, os.path.join(HERE, "peer_proc.py"), addr,
+                                      str(segment)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                     text=True, cwd=HERE)
+        ready = self.proc.stdout.readline().split()
+        assert ready[:2] == ["ready", "0"], ready
+        self.hostname = ready[2]
+
+    def ask(self, line):
+        self.proc.stdin.write(line + "\n")
+        self.proc.stdin.flush()
+        return self.proc.stdout.readline().strip()
+
+    def stop(self):
+        if self.proc.poll() is None:
+            try:
+                self.proc.send_signal(signal.SIGCONT)
+                self.ask("quit")
+                self.proc.wait(10)
+            except Exception:
+                self.proc.kill()
+                self.proc.wait(5)
+
+
+def test_sglang_warmup_sequence(store, key):
+    for _ in range(10):
+        if store.put(key, bytes(4096)) == 0:
+            break
+    assert store.is_exist(key) == 1
+    assert store.get(key) == bytes(4096)
+
+
+def test_two_processes_share_one_cluster(master, key):
+    a = make_store(master.addr, segment=0)  # owns nothing: every byte crosses to the peer
+    peer = Peer(master.addr, "32MB")
+    try:
+        assert a.put(key + "/from-a", b"hello from a" * 1000) == 0
+        assert peer.ask("get %s/from-a" % key) == (b"hello from a" * 1000).hex()
+        assert peer.ask("put %s/from-b %s" % (key, b"from b".hex())) == "0"
+        assert a.get(key + "/from-b") == b"from b"
+        assert a.is_exist(key + "/from-b") == 1
+        desc = a.get_replica_desc(key + "/from-a")[0].get_memory_descriptor().buffer_descriptor
+        assert peer.hostname in desc.transport_endpoint
+    finally:
+        peer.stop()
+        a.remove_all(force=True)
+        a.close()
+
+
+def test_put_of_a_key_being_written_by_another_client_returns_0_and_first_write_wins(master, key):
+    """The writer's transfer is held up by stopping the process that owns the only segment; while
+    its put is in flight, is_exist says 0 and another client's put of the same key returns 0
+    without writing. After the owner resumes, the first write is what everybody reads."""
+    m = Master()
+    owner = Peer(m.addr, "32MB")
+    writer = make_store(m.addr, segment=0)
+    other = make_store(m.addr, segment=0)
+    value = b"first" * 200000  # 1 MB
+    result = {}
+    try:
+        owner.proc.send_signal(signal.SIGSTOP)
+        t = threading.Thread(target=lambda: result.setdefault("rc", writer.put(key, value)))
+        t.start()
+        deadline = time.monotonic() + 5
+        in_flight_seen = False
+        while time.monotonic() < deadline and t.is_alive():
+            if other.is_exist(key) == 0 and t.is_alive():
+                in_flight_seen = True
+                break
+            time.sleep(0.01)
+        assert in_flight_seen and t.is_alive(), "the first put finished before the check"
+        assert other.put(key, b"second") == 0  # in flight elsewhere: 0, nothing written
+        buf = (ctypes.c_ubyte * 16)()
+        assert other.put_from(key, ctypes.addressof(buf), 16) == 0
+        assert other.batch_put_from([key], [ctypes.addressof(buf)], [16]) == [0]
+        assert other.put_parts(key, b"x", b"y") == 0
+        assert other.is_exist(key) == 0
+        owner.proc.send_signal(signal.SIGCONT)
+        t.join(40)
+        assert not t.is_alive() and result["rc"] == 0
+        assert other.is_exist(key) == 1
+        assert other.get(key) == value
+    finally:
+        owner.proc.send_signal(signal.SIGCONT)
+        t.join(40)
+        writer.close()
+        other.close()
+        owner.stop()
+        m.stop()
+
+
+def test_is_exist_grants_the_read_lease(store, key):
+    assert store.put(key, b"v") == 0
+    assert store.is_exist(key) == 1
+    assert store.remove(key) == OBJECT_HAS_LEASE  # protected between lookup and load
+    assert store.get(key) == b"v"
+    assert store.remove(key, force=True) == 0
+
+
+def test_full_store_returns_no_available_handle():
+    m = Master()
+    s = make_store(m.addr, segment="16MB")
+    try:
+        pinned = ReplicateConfig()
+        pinned.with_hard_pin = True  # never evicted: eviction cannot make room
+        rcs = [s.put("full/%d" % i, bytes(1 << 20), pinned) for i in range(24)]
+        assert rcs[0] == 0
+        assert NO_AVAILABLE_HANDLE in rcs, rcs
+        assert all(rc in (0, NO_AVAILABLE_HANDLE) for rc in rcs), rcs
+        assert s.put("full/big", bytes(32 << 20)) == NO_AVAILABLE_HANDLE
+        buf = np.zeros(1 << 20, dtype=np.uint8)
+        res = s.batch_put_from(["full/b%d" % i for i in range(4)], [buf.ctypes.data] * 4,
+                               [buf.nbytes] * 4, pinned)
+        assert res == [NO_AVAILABLE_HANDLE] * 4, res
+    finally:
+        s.close()
+        m.stop()
+
+
+def test_get_returns_empty_bytes_not_none(store, key):
+    v = store.get(key)
+    assert v == b"" and isinstance(v, bytes) and not v
+
+
+def test_get_into_returns_the_real_length(store, key):
+    assert store.put(key, b"12345") == 0
+    buf = (ctypes.c_ubyte * 4096)()
+    assert store.get_into(key, ctypes.addressof(buf), 4096) == 5
+    assert store.batch_get_into([key, key + "/x"], [ctypes.addressof(buf)] * 2, [4096] * 2)[0] == 5
+    assert store.batch_get_into([key + "/x"], [ctypes.addressof(buf)], [4096])[0] < 0
+
+
+def test_remove_all_force_returns_the_count(master, key):
+    m = Master()
+    s = make_store(m.addr)
+    try:
+        for i in range(7):
+            assert s.put("%s/%d" % (key, i), b"v") == 0
+        assert s.is_exist(key + "/0") == 1  # holds a lease: force is needed for it
+        assert s.remove_all(force=True) == 7
+        assert s.remove_all(force=True) == 0
+    finally:
+        s.close()
+        m.stop()
+
+
+def test_batch_results_one_per_key_in_order(store, key):
+    keys = ["%s/%d" % (key, i) for i in range(6)]
+    for k in keys[::2]:
+        assert store.put(k, b"v") == 0
+    assert store.batch_is_exist(keys) == [1, 0, 1, 0, 1, 0]
+    assert store.batch_remove(keys, force=True) == [0, -704, 0, -704, 0, -704]
+
+
+def test_vllm_style_save_and_load_with_multi_buffers(store, key):
+    layers = 4
+    kv = np.random.default_rng(0).integers(0, 255, size=(layers, 2, 4096), dtype=np.uint8)
+    assert store.register_buffer(kv.ctypes.data, kv.nbytes) == 0
+    out = np.zeros_like(kv)
+    assert store.register_buffer(out.ctypes.data, out.nbytes) == 0
+    try:
+        keys = ["%s/blk%d" % (key, b) for b in range(2)]
+        addrs = [[kv[l, b].ctypes.data for l in range(layers)] for b in range(2)]
+        sizes = [[kv[l, b].nbytes for l in range(layers)] for b in range(2)]
+        todo = [k for k, e in zip(keys, store.batch_is_exist(keys)) if e != 1]
+        assert todo == keys
+        assert store.batch_put_from_multi_buffers(keys, addrs, sizes, ReplicateConfig()) == [0, 0]
+        assert store.batch_is_exist(keys) == [1, 1]
+        out_addrs = [[out[l, b].ctypes.data for l in range(layers)] for b in range(2)]
+        res = store.batch_get_into_multi_buffers(keys, out_addrs, sizes)
+        assert res == [layers * 4096] * 2
+        assert np.array_equal(out, kv)
+    finally:
+        store.unregister_buffer(kv.ctypes.data)
+        store.unregister_buffer(out.ctypes.data)

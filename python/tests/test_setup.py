@@ -1,0 +1,117 @@
+"""setup/close/health_check/get_hostname: both forms, sizes, refusals, bad master, re-setup."""
+
+import time
+
+import pytest
+
+from mooncake_rs.store import MooncakeDistributedStore
+from conftest import make_store
+
+
+def test_positional_form_with_human_sizes_and_upstream_extras(master, key):
+    s = MooncakeDistributedStore()
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", "32 MB", "16MB", "tcp", "", master.addr, None,
+                 enable_ssd_offload=False, ssd_offload_path="", tenant_id="default",
+                 enable_client_http_server=False, client_http_port=9300)
+    assert rc == 0
+    assert s.health_check() == 0
+    host = s.get_hostname()
+    assert host.startswith("127.0.0.1:") and int(host.rsplit(":", 1)[1]) > 0
+    assert s.put(key, b"v") == 0 and s.get(key) == b"v"
+    assert s.close() == 0
+    assert s.health_check() == 1
+
+
+def test_dict_form_with_upstream_keys_and_string_bools(master, key):
+    s = MooncakeDistributedStore()
+    rc = s.setup({"local_hostname": "127.0.0.1", "metadata_server": "http://127.0.0.1:1/metadata",
+                  "global_segment_size": "16MB", "local_buffer_size": 16 << 20,
+                  "protocol": "tcp", "rdma_devices": "", "master_server_addr": master.addr,
+                  "enable_ssd_offload": False, "ssd_offload_path": "", "tenant_id": "default",
+                  "enable_client_http_server": "False", "client_http_port": 9300,
+                  "some_unknown_key": "ignored like upstream"})
+    assert rc == 0
+    assert s.put(key, b"dict") == 0 and s.get(key) == b"dict"
+    assert s.close() == 0
+
+
+def test_percentage_and_bad_sizes_refused(master):
+    s = MooncakeDistributedStore()
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "50%", "16MB", "tcp", "", master.addr) == -600
+    assert s.setup({"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+                    "global_segment_size": "50%", "master_server_addr": master.addr}) == -600
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "lots", "16MB", "tcp", "", master.addr) == -600
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", -1, "16MB", "tcp", "", master.addr) == -600
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "ucx", "", master.addr) == -600
+    assert s.health_check() == 1
+
+
+def test_zero_segment_is_a_pure_requester(master, store, key):
+    s = make_store(master.addr, segment=0)
+    try:
+        assert s.put(key, b"x" * 1000) == 0  # lands in `store`'s segment
+        assert store.get(key) == b"x" * 1000
+        assert s.get(key) == b"x" * 1000
+    finally:
+        s.close()
+
+
+def test_unknown_or_unsupported_kwargs_raise_typeerror_naming_them(master):
+    s = MooncakeDistributedStore()
+    args = ("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.addr)
+    with pytest.raises(TypeError, match="no_such_option"):
+        s.setup(*args, no_such_option=1)
+    with pytest.raises(TypeError, match="enable_ssd_offload"):
+        s.setup(*args, enable_ssd_offload=True)
+    with pytest.raises(TypeError, match="enable_client_http_server"):
+        s.setup(*args, enable_client_http_server="True")
+    with pytest.raises(TypeError, match="local_hostname"):
+        s.setup(local_hostname=1, metadata_server="P2PHANDSHAKE")
+    assert s.health_check() == 1
+
+
+def test_bad_master_address_fails_fast_with_a_code(master):
+    s = MooncakeDistributedStore()
+    for addr in ("127.0.0.1:1", "not-a-host-name.invalid:50051", "127.0.0.1"):
+        t0 = time.monotonic()
+        rc = s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", addr)
+        assert rc < 0, addr
+        assert time.monotonic() - t0 < 10, addr
+    assert s.health_check() == 1
+    # Calls on a store whose setup failed fail cleanly.
+    assert s.get("k") == b""
+    assert s.put("k", b"v") < 0
+    assert s.is_exist("k") < 0
+    assert s.batch_is_exist(["a", "b"]) == [-1010, -1010]
+    assert s.close() == 0
+
+
+def test_close_and_setup_again(master, key):
+    s = make_store(master.addr)
+    assert s.put(key, b"first") == 0
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.addr) == -1010
+    assert s.close() == 0
+    assert s.close() == 0
+    assert s.get(key) == b""
+    assert s.put(key, b"x") == -1010
+    assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.addr) == 0
+    assert s.health_check() == 0
+    # The first segment was unmounted by close, so the object is gone with it.
+    assert s.is_exist(key) == 0
+    assert s.put(key, b"second") == 0 and s.get(key) == b"second"
+    assert s.close() == 0
+
+
+def test_health_check_reports_a_dead_master(key):
+    from conftest import Master
+    m = Master()
+    s = make_store(m.addr)
+    try:
+        assert s.health_check() == 0
+        m.stop()
+        assert s.health_check() == 2
+        assert s.put(key, b"v") < 0
+        assert s.get(key) == b""
+    finally:
+        m.stop()
+        s.close()
