@@ -1,7 +1,7 @@
 //! Model-based property tests. Random sequences of mount / unmount / graceful unmount /
-//! put-start / put-end / revoke / get / batch get / exist / remove / batch remove / remove-all /
-//! advance-clock / reaper steps run against the master and a small
-//! reference model; after every step the visible keys, every object's lease and every segment's
+//! put-start / put-end / revoke / upsert / get / batch get / exist / remove / batch remove /
+//! remove-all / ping / remount / client monitor / eviction / advance-clock / reaper steps run
+//! against the master and a small reference model; after every step the visible keys, every object's lease and every segment's
 //! `used` bytes must agree with the model, and the master's own accounting check (no overlapping
 //! buffers, used = Σ live buffers) must pass. A second property drives one allocator directly with
 //! random sizes.
@@ -14,7 +14,7 @@ use std::sync::Arc;
 
 use common::*;
 use mooncake_common::{
-    ClientId, Clock, ErrorCode, ManualClock, ObjectMeta, ReplicaType, SegmentId,
+    ClientId, ClientStatus, Clock, ErrorCode, ManualClock, ObjectMeta, ReplicaType, SegmentId,
 };
 use mooncake_master::allocator::{SegmentAllocator, SegmentInfo};
 use mooncake_master::MasterService;
@@ -26,6 +26,7 @@ const SEG_UNITS: u64 = 6;
 const KEYS: usize = 6;
 const DISCARD_MS: u64 = 30_000;
 const RELEASE_MS: u64 = 600_000;
+const CLIENT_TTL_MS: u64 = 10_000;
 
 #[derive(Debug, Clone)]
 enum Op {
@@ -67,6 +68,15 @@ enum Op {
     Advance(u64),
     Reap,
     ReleaseDiscarded,
+    Upsert {
+        key: usize,
+        client: u64,
+        units: u64,
+    },
+    Ping(u64),
+    Remount,
+    Monitor,
+    Evict,
 }
 
 fn op(uniform: bool) -> impl Strategy<Value = Op> {
@@ -85,7 +95,7 @@ fn op(uniform: bool) -> impl Strategy<Value = Op> {
             .prop_map(|(keys, force)| Op::BatchRemove { keys, force }),
         1 => any::<bool>().prop_map(|force| Op::RemoveAll { force }),
         1 => (1..=SEGMENTS).prop_map(Op::Unmount),
-        6 => (0..KEYS, 1u64..=2, 1usize..=3, units)
+        6 => (0..KEYS, 1u64..=2, 1usize..=3, units.clone())
             .prop_map(|(key, client, replicas, units)| Op::PutStart { key, client, replicas, units }),
         5 => (0..KEYS, 1u64..=2).prop_map(|(key, client)| Op::PutEnd { key, client }),
         1 => (0..KEYS, 1u64..=2).prop_map(|(key, client)| Op::Revoke { key, client }),
@@ -96,6 +106,12 @@ fn op(uniform: bool) -> impl Strategy<Value = Op> {
             .prop_map(Op::Advance),
         1 => Just(Op::Reap),
         1 => Just(Op::ReleaseDiscarded),
+        2 => (0..KEYS, 1u64..=2, units)
+            .prop_map(|(key, client, units)| Op::Upsert { key, client, units }),
+        2 => (1u64..=2).prop_map(Op::Ping),
+        1 => Just(Op::Remount),
+        2 => Just(Op::Monitor),
+        3 => Just(Op::Evict),
     ]
 }
 
@@ -106,6 +122,7 @@ struct ModelObject {
     complete: bool,
     put_start_ms: u64,
     lease_ms: u64,
+    last_access_ms: u64,
     /// Segment of each live replica.
     segs: Vec<u64>,
 }
@@ -117,6 +134,11 @@ struct Model {
     objects: BTreeMap<usize, ModelObject>,
     /// (segment, bytes, release_at)
     discarded: Vec<(u64, u64, u64)>,
+    /// Clients made OK by ReMount; pings waiting for the monitor; client deadlines.
+    ok_clients: std::collections::BTreeSet<u64>,
+    pinged: Vec<u64>,
+    deadlines: BTreeMap<u64, u64>,
+    need_eviction: bool,
 }
 
 impl Model {
@@ -160,6 +182,77 @@ impl Model {
     fn free(&self, seg: u64) -> u64 {
         SEG_UNITS * UNIT - self.used(seg)
     }
+
+    /// Segments a new allocation of `size` may use.
+    fn fits(&self, size: u64) -> Vec<u64> {
+        self.mounted
+            .iter()
+            .filter(|(_, graceful)| graceful.is_none())
+            .map(|(s, _)| *s)
+            .filter(|&s| self.free(s) >= size)
+            .collect()
+    }
+
+    fn ok_names(&self) -> usize {
+        self.mounted.values().filter(|g| g.is_none()).count()
+    }
+
+    /// Checks a fresh allocation's descriptors and records the new PROCESSING object.
+    #[allow(clippy::too_many_arguments)]
+    fn record_alloc(
+        &mut self,
+        got: Result<Vec<mooncake_common::ReplicaDescriptor>, ErrorCode>,
+        k: usize,
+        c: u64,
+        size: u64,
+        replicas: usize,
+        now: u64,
+        uniform: bool,
+        op: &Op,
+    ) {
+        let fits = self.fits(size);
+        match got {
+            Ok(descs) => {
+                let segs: Vec<u64> = descs
+                    .iter()
+                    .map(|d| seg_of_endpoint(&d.memory().unwrap().transport_endpoint))
+                    .collect();
+                let mut distinct = segs.clone();
+                distinct.sort_unstable();
+                distinct.dedup();
+                assert_eq!(distinct.len(), segs.len(), "replicas on distinct names");
+                assert!(!segs.is_empty() && segs.len() <= replicas);
+                for s in &segs {
+                    assert_eq!(self.mounted.get(s), Some(&None), "allocated on non-OK {s}");
+                    assert!(self.free(*s) >= size, "allocated beyond capacity on {s}");
+                }
+                if uniform {
+                    assert_eq!(segs.len(), replicas.min(fits.len()), "best effort count");
+                }
+                self.objects.insert(
+                    k,
+                    ModelObject {
+                        writer: c,
+                        size,
+                        complete: false,
+                        put_start_ms: now,
+                        lease_ms: 0,
+                        last_access_ms: now,
+                        segs,
+                    },
+                );
+            }
+            Err(code) => {
+                assert_eq!(code, ErrorCode::NO_AVAILABLE_HANDLE, "{op:?}");
+                if uniform {
+                    assert!(fits.is_empty(), "failed although {fits:?} had room");
+                }
+                if self.ok_names() >= replicas {
+                    self.need_eviction = true;
+                }
+            }
+        }
+    }
 }
 
 fn key(k: usize) -> String {
@@ -182,6 +275,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
     let now = clock.now_ms();
     match *op {
         Op::Mount(id) => {
+            model.pinged.push(1);
             let got = m.mount_segment(&segment(id), client(1));
             if let Some(Some(_)) = model.mounted.get(&id) {
                 assert_eq!(got, Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS), "{op:?}");
@@ -233,6 +327,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
                     Some(o) => {
                         assert_eq!(result.unwrap().replicas.len(), o.segs.len(), "{op:?}");
                         o.lease_ms = o.lease_ms.max(now + LEASE_MS);
+                        o.last_access_ms = now;
                     }
                 }
             }
@@ -275,50 +370,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
                         .push((s, o.size, o.put_start_ms + RELEASE_MS));
                 }
             }
-            let fits: Vec<u64> = model
-                .mounted
-                .iter()
-                .filter(|(_, graceful)| graceful.is_none())
-                .map(|(s, _)| *s)
-                .filter(|&s| model.free(s) >= size)
-                .collect();
-            match got {
-                Ok(descs) => {
-                    let segs: Vec<u64> = descs
-                        .iter()
-                        .map(|d| seg_of_endpoint(&d.memory().unwrap().transport_endpoint))
-                        .collect();
-                    let mut distinct = segs.clone();
-                    distinct.sort_unstable();
-                    distinct.dedup();
-                    assert_eq!(distinct.len(), segs.len(), "replicas on distinct names");
-                    assert!(!segs.is_empty() && segs.len() <= replicas);
-                    for s in &segs {
-                        assert_eq!(model.mounted.get(s), Some(&None), "allocated on non-OK {s}");
-                        assert!(model.free(*s) >= size, "allocated beyond capacity on {s}");
-                    }
-                    if uniform {
-                        assert_eq!(segs.len(), replicas.min(fits.len()), "best effort count");
-                    }
-                    model.objects.insert(
-                        k,
-                        ModelObject {
-                            writer: c,
-                            size,
-                            complete: false,
-                            put_start_ms: now,
-                            lease_ms: 0,
-                            segs,
-                        },
-                    );
-                }
-                Err(code) => {
-                    assert_eq!(code, ErrorCode::NO_AVAILABLE_HANDLE, "{op:?}");
-                    if uniform {
-                        assert!(fits.is_empty(), "failed although {fits:?} had room");
-                    }
-                }
-            }
+            model.record_alloc(got, k, c, size, replicas, now, uniform, op);
         }
         Op::PutEnd { key: k, client: c } => {
             let got = m.put_end(client(c), &ObjectMeta::new(key(k)), ReplicaType::ALL, "");
@@ -329,6 +381,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
                     if !o.complete {
                         o.complete = true;
                         o.lease_ms = o.lease_ms.max(now);
+                        o.last_access_ms = now;
                     }
                     Ok(())
                 }
@@ -366,6 +419,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
                     assert_eq!(segs, want, "{op:?}");
                     assert_eq!(resp.lease_ttl_ms, LEASE_MS);
                     o.lease_ms = o.lease_ms.max(now + LEASE_MS);
+                    o.last_access_ms = now;
                 }
             }
         }
@@ -374,6 +428,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
             let want = model.objects.get_mut(&k).is_some_and(|o| {
                 if o.complete {
                     o.lease_ms = o.lease_ms.max(now + LEASE_MS);
+                    o.last_access_ms = now;
                 }
                 o.complete
             });
@@ -405,7 +460,157 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
             model.discarded.retain(|d| d.2 > now);
             assert_eq!(m.release_discarded_once(), before - model.discarded.len());
         }
+        Op::Upsert {
+            key: k,
+            client: c,
+            units,
+        } => {
+            let size = units * UNIT;
+            let got = m.upsert_start(client(c), &key(k), size, &cfg(2), "");
+            if let Some(o) = model.objects.get_mut(&k) {
+                if o.complete && o.size == size {
+                    // Same size: rewritten in place, same replicas, unreadable until End.
+                    let got = got.unwrap();
+                    let mut segs: Vec<u64> = got
+                        .iter()
+                        .map(|d| seg_of_endpoint(&d.memory().unwrap().transport_endpoint))
+                        .collect();
+                    segs.sort_unstable();
+                    let mut want = o.segs.clone();
+                    want.sort_unstable();
+                    assert_eq!(segs, want, "{op:?}");
+                    o.complete = false;
+                    o.writer = c;
+                    o.put_start_ms = now;
+                    return;
+                }
+                // In flight, or a different size: the old buffers are discarded at once.
+                let o = model.objects.remove(&k).unwrap();
+                for s in o.segs {
+                    model.discarded.push((s, o.size, now + RELEASE_MS));
+                }
+            }
+            model.record_alloc(got, k, c, size, 2, now, uniform, op);
+        }
+        Op::Ping(c) => {
+            let got = m.ping(client(c)).unwrap().client_status;
+            let want = if model.ok_clients.contains(&c) {
+                ClientStatus::OK
+            } else {
+                ClientStatus::NEED_REMOUNT
+            };
+            assert_eq!(got, want, "{op:?}");
+            model.pinged.push(c);
+        }
+        Op::Remount => {
+            m.remount_segments(&[], client(1)).unwrap();
+            model.pinged.push(1);
+            model.ok_clients.insert(1);
+        }
+        Op::Monitor => {
+            for c in model.pinged.drain(..) {
+                model.deadlines.insert(c, now + CLIENT_TTL_MS);
+            }
+            let expired: Vec<u64> = model
+                .deadlines
+                .iter()
+                .filter(|(_, &d)| d < now)
+                .map(|(&c, _)| c)
+                .collect();
+            assert_eq!(m.run_client_monitor_once(), expired.len(), "{op:?}");
+            for c in expired {
+                model.deadlines.remove(&c);
+                model.ok_clients.remove(&c);
+                if c == 1 {
+                    // Client 1 owns every segment.
+                    let ids: Vec<u64> = model.mounted.keys().copied().collect();
+                    for id in ids {
+                        model.unmount(id);
+                    }
+                }
+            }
+        }
+        Op::Evict => evict(m, model, now, op),
     }
+}
+
+/// One eviction cycle: the model predicts whether it runs and how many objects go (the exact
+/// victims among equal access times depend on shard order), then checks that every victim was
+/// an unleased complete object no more recently accessed than any surviving candidate.
+fn evict(m: &MasterService, model: &mut Model, now: u64, op: &Op) {
+    let cap = model.mounted.len() as u64 * SEG_UNITS * UNIT;
+    let used: u64 = model.mounted.keys().map(|&s| model.used(s)).sum();
+    let usage = if cap == 0 {
+        0.0
+    } else {
+        used as f64 / cap as f64
+    };
+    let (hw, ratio): (f64, f64) = (0.90, 0.05);
+    assert_eq!(m.need_eviction(), model.need_eviction, "flag before {op:?}");
+    let report = m.run_eviction_once();
+    let triggered = usage > hw || (model.need_eviction && ratio > 0.0);
+    assert_eq!(report.triggered, triggered, "{op:?} usage {usage}");
+    if !triggered {
+        assert_eq!(report.evicted_objects, 0);
+        return;
+    }
+    let target = ratio.max(usage - hw + ratio);
+    let lowerbound = (target * 0.5).max(usage - hw).min(target);
+    let base = model.objects.values().filter(|o| o.complete).count();
+    let mut plain: Vec<(u64, usize)> = model
+        .objects
+        .iter()
+        .filter(|(_, o)| o.complete && now >= o.lease_ms)
+        .map(|(k, o)| (o.last_access_ms, *k))
+        .collect();
+    plain.sort_unstable();
+    assert_eq!(report.evictable_objects, base, "{op:?}");
+    if base == 0 {
+        assert_eq!(report.evicted_objects, 0);
+        model.need_eviction = false;
+        return;
+    }
+    let e1 = ((base as f64 * target).ceil() as usize).min(plain.len());
+    let released = model.discarded.iter().filter(|d| d.2 <= now).count();
+    model.discarded.retain(|d| d.2 > now);
+    let need = ((base as f64 * lowerbound).ceil() as usize)
+        .saturating_sub(e1)
+        .saturating_sub(released);
+    let e2 = need.min(plain.len() - e1);
+    assert_eq!(report.released_discarded, released, "{op:?}");
+    assert_eq!(report.evicted_objects, e1 + e2, "{op:?}");
+    // The victims: model objects the master no longer has.
+    let victims: Vec<usize> = model
+        .objects
+        .keys()
+        .copied()
+        .filter(|k| m.object_info(&key(*k), "").unwrap().is_none())
+        .collect();
+    assert_eq!(victims.len(), e1 + e2, "{op:?}");
+    let oldest_kept = plain
+        .iter()
+        .filter(|(_, k)| !victims.contains(k))
+        .map(|(t, _)| *t)
+        .min()
+        .unwrap_or(u64::MAX);
+    for k in &victims {
+        let o = &model.objects[k];
+        assert!(
+            o.complete && now >= o.lease_ms,
+            "evicted a leased or in-flight {k}"
+        );
+        assert!(
+            o.last_access_ms <= oldest_kept,
+            "evicted {k} before an older candidate"
+        );
+    }
+    for k in victims {
+        model.objects.remove(&k);
+    }
+    if report.evicted_objects > 0 || released > 0 {
+        model.need_eviction = false;
+    }
+    assert_eq!(m.need_eviction(), model.need_eviction, "{op:?}");
 }
 
 fn compare(m: &MasterService, model: &Model, history: &[Op]) {
