@@ -421,3 +421,198 @@ fn invalid_flags_are_refused_at_start() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
 }
+
+#[test]
+fn a_silent_client_expires_then_remounts_after_need_remount() {
+    let master = MasterProcess::start(&["--client_ttl=1"]);
+    let rt = runtime();
+    let mc = client_of(&master);
+    let dead = ClientId::random();
+    let alive = ClientId::random();
+    let seg_dead = segment("127.0.0.1:7201", 0x1000_0000, 8 << 20);
+    let seg_alive = segment("127.0.0.1:7202", 0x2000_0000, 8 << 20);
+    rt.block_on(async {
+        mc.mount_segment(seg_dead.clone(), dead).await.unwrap();
+        mc.mount_segment(seg_alive.clone(), alive).await.unwrap();
+        // ReMount makes a client OK (upstream: mount alone does not).
+        mc.remount_segments(vec![seg_alive.clone()], alive)
+            .await
+            .unwrap();
+        let prefer = |name: &str| ReplicateConfig {
+            preferred_segments: vec![name.to_string()],
+            ..ReplicateConfig::default()
+        };
+        for (key, seg) in [("on-dead", &seg_dead), ("on-alive", &seg_alive)] {
+            mc.put_start(alive, key, 4096, &prefer(&seg.name), "")
+                .await
+                .unwrap();
+            mc.put_end(alive, ObjectMeta::new(key), "").await.unwrap();
+        }
+        // `alive` keeps pinging, `dead` is silent: after the TTL its segment and objects go.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            assert_eq!(
+                mc.ping(alive).await.unwrap().client_status,
+                mooncake_common::ClientStatus::OK
+            );
+            if !mc.exist_key("on-dead", "").await.unwrap() {
+                break;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "dead client never expired"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert_eq!(
+            mc.get_replica_list("on-dead", "").await.unwrap_err().code(),
+            ErrorCode::OBJECT_NOT_FOUND
+        );
+        assert!(
+            mc.exist_key("on-alive", "").await.unwrap(),
+            "other clients are unaffected"
+        );
+        // The dead client comes back: NEED_REMOUNT, then ReMount makes it OK again.
+        let status = mc.ping(dead).await.unwrap().client_status;
+        assert_eq!(status, mooncake_common::ClientStatus::NEED_REMOUNT);
+        mc.remount_segments(vec![seg_dead.clone()], dead)
+            .await
+            .unwrap();
+        assert_eq!(
+            mc.ping(dead).await.unwrap().client_status,
+            mooncake_common::ClientStatus::OK
+        );
+        let status = mc
+            .call(&m::QuerySegmentStatus {
+                segment_name: seg_dead.name.clone(),
+            })
+            .await
+            .unwrap();
+        assert_eq!(status, SegmentStatus::OK);
+    });
+}
+
+#[test]
+fn eviction_makes_room_in_a_full_store() {
+    let master = MasterProcess::start(&[
+        "--eviction_high_watermark_ratio=0.9",
+        "--eviction_ratio=0.1",
+    ]);
+    let rt = runtime();
+    let mc = client_of(&master);
+    let me = ClientId::random();
+    rt.block_on(async {
+        mc.mount_segment(segment("127.0.0.1:7301", 0x1000_0000, 1 << 20), me)
+            .await
+            .unwrap();
+        mc.remount_segments(vec![], me).await.unwrap();
+        // 8 MiB of 4 KiB objects into a 1 MiB store.
+        let mut stored = 0;
+        let mut refused = 0;
+        for i in 0..2048 {
+            let key = format!("evict-{i}");
+            match mc
+                .put_start(me, &key, 4096, &ReplicateConfig::default(), "")
+                .await
+            {
+                Ok(_) => {
+                    mc.put_end(me, ObjectMeta::new(key), "").await.unwrap();
+                    stored += 1;
+                }
+                Err(e) => {
+                    assert_eq!(e.code(), ErrorCode::NO_AVAILABLE_HANDLE);
+                    refused += 1;
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        assert!(
+            stored >= 1900,
+            "only {stored} of 2048 puts succeeded ({refused} refused)"
+        );
+        // The newest objects are there, the oldest were evicted first.
+        assert!(mc.exist_key("evict-2047", "").await.unwrap());
+        assert!(!mc.exist_key("evict-0", "").await.unwrap());
+    });
+    let (status, body) = http("GET", master.metrics, "/metrics", b"");
+    assert_eq!(status, 200);
+    let count: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("master_key_count "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(count <= 256.0, "{count} keys of 4 KiB in a 1 MiB store");
+}
+
+#[test]
+fn tenant_quotas_over_http_with_a_policy_file() {
+    let dir = std::env::temp_dir().join(format!("mc-tenants-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let policy = dir.join("tenants.yaml");
+    std::fs::write(
+        &policy,
+        "version: 1\ntenants:\n  - name: alpha\n    quota: 1MiB\n",
+    )
+    .unwrap();
+    let uri = format!("--tenant_quota_connector_uri={}", policy.display());
+    let master = MasterProcess::start(&["--enable_multi_tenants", &uri]);
+    let rt = runtime();
+    let mc = client_of(&master);
+    let me = ClientId::random();
+    rt.block_on(async {
+        mc.mount_segment(segment("127.0.0.1:7401", 0x1000_0000, 8 << 20), me)
+            .await
+            .unwrap();
+        mc.put_start(me, "k", 4096, &ReplicateConfig::default(), "alpha")
+            .await
+            .unwrap();
+        mc.put_end(me, ObjectMeta::new("k"), "alpha").await.unwrap();
+        let err = mc
+            .put_start(me, "k", 4096, &ReplicateConfig::default(), "nobody")
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::TENANT_NOT_REGISTERED);
+        // A read lease keeps "k" out of the tenant-scoped eviction the over-quota put triggers.
+        assert!(mc.exist_key("k", "alpha").await.unwrap());
+        let err = mc
+            .put_start(me, "big", 2 << 20, &ReplicateConfig::default(), "alpha")
+            .await
+            .unwrap_err();
+        assert_eq!(err.code(), ErrorCode::TENANT_QUOTA_EXCEEDED);
+    });
+    let addr = master.metrics;
+    let (status, body) = http("GET", addr, "/api/v1/tenant_quotas", b"");
+    assert_eq!(status, 200, "{body}");
+    assert!(
+        body.contains("\"tenant_id\":\"alpha\"") && body.contains("\"charged_bytes\":4096"),
+        "{body}"
+    );
+    let (status, body) = http(
+        "PUT",
+        addr,
+        "/api/v1/tenant_quotas?tenant_id=beta&quota_bytes=2MiB",
+        b"",
+    );
+    assert_eq!(status, 200, "{body}");
+    assert!(body.contains("\"requested_quota_bytes\":2097152"), "{body}");
+    assert!(
+        std::fs::read_to_string(&policy).unwrap().contains("beta"),
+        "persisted to the policy file"
+    );
+    assert_eq!(
+        http("PUT", addr, "/api/v1/tenant_quotas?tenant_id=beta", b"").0,
+        400
+    );
+    assert_eq!(
+        http("GET", addr, "/api/v1/tenant_quotas?tenant_id=ghost", b"").0,
+        404
+    );
+    let (status, body) = http("DELETE", addr, "/api/v1/tenant_quotas?tenant_id=alpha", b"");
+    assert_eq!(status, 409, "alpha still holds an object: {body}");
+    assert_eq!(
+        http("DELETE", addr, "/api/v1/tenant_quotas?tenant_id=beta", b"").0,
+        200
+    );
+    drop(master);
+    std::fs::remove_dir_all(&dir).unwrap();
+}

@@ -7,8 +7,9 @@
 //! Tenants travel as strings (empty = `default`) and are validated by the server, as upstream.
 
 use mooncake_common::{
-    ClientId, ErrorCode, GetReplicaListResponse, ObjectMeta, PingResponse, ReplicaDescriptor,
-    ReplicaType, ReplicateConfig, Segment, SegmentId, SegmentStatus,
+    ClientId, CopyStartResponse, ErrorCode, GetReplicaListResponse, MoveStartResponse, ObjectMeta,
+    PingResponse, QueryTaskResponse, ReplicaDescriptor, ReplicaType, ReplicateConfig, Segment,
+    SegmentId, SegmentStatus, TaskAssignment, TaskCompleteRequest, TaskId,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -148,6 +149,31 @@ methods! {
         limits(s, l) { Ok(()) };
     /// Mounted segments with usage (ours: upstream has this on HTTP only).
     32 GetSegmentsDetail {} -> Vec<SegmentDetail>,
+        limits(s, l) { Ok(()) };
+    /// Copy `key`'s replica on segment `source` to the `targets` segments (client-executed).
+    33 CopyStart { client: ClientId, key: String, tenant: String, source: String, targets: Vec<String> }
+        -> CopyStartResponse,
+        limits(s, l) { check_key(&s.key, l)?; check_len(s.targets.len(), l) };
+    34 CopyEnd { client: ClientId, key: String, tenant: String } -> (),
+        limits(s, l) { check_key(&s.key, l) };
+    35 CopyRevoke { client: ClientId, key: String, tenant: String } -> (),
+        limits(s, l) { check_key(&s.key, l) };
+    36 MoveStart { client: ClientId, key: String, tenant: String, source: String, target: String }
+        -> MoveStartResponse,
+        limits(s, l) { check_key(&s.key, l) };
+    37 MoveEnd { client: ClientId, key: String, tenant: String } -> (),
+        limits(s, l) { check_key(&s.key, l) };
+    38 MoveRevoke { client: ClientId, key: String, tenant: String } -> (),
+        limits(s, l) { check_key(&s.key, l) };
+    39 CreateCopyTask { key: String, tenant: String, targets: Vec<String> } -> TaskId,
+        limits(s, l) { check_key(&s.key, l)?; check_len(s.targets.len(), l) };
+    40 CreateMoveTask { key: String, tenant: String, source: String, target: String } -> TaskId,
+        limits(s, l) { check_key(&s.key, l) };
+    41 QueryTask { id: TaskId } -> QueryTaskResponse,
+        limits(s, l) { Ok(()) };
+    42 FetchTasks { client: ClientId, batch_size: u64 } -> Vec<TaskAssignment>,
+        limits(s, l) { check_len(usize::try_from(s.batch_size).unwrap_or(usize::MAX), l) };
+    43 MarkTaskToComplete { client: ClientId, request: TaskCompleteRequest } -> (),
         limits(s, l) { Ok(()) };
 }
 

@@ -83,7 +83,9 @@ pub fn admin_router(state: AdminState) -> Router {
         .route("/api/v1/remove_all", post(remove_all))
         .route(
             "/api/v1/tenant_quotas",
-            get(tenant_quotas).put(tenant_quotas).delete(tenant_quotas),
+            get(tenant_quotas_get)
+                .put(tenant_quotas_put)
+                .delete(tenant_quotas_delete),
         )
         .with_state(state)
 }
@@ -394,15 +396,90 @@ async fn remove_all(
     axum::Json(json!({"success": true, "removed_count": removed})).into_response()
 }
 
-async fn tenant_quotas(State(state): State<AdminState>) -> Response {
-    if !state.master.config().enable_multi_tenants {
-        return error_response(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE, None);
+fn snapshot_json(s: &mooncake_master::TenantQuotaSnapshot) -> Value {
+    json!({
+        "tenant_id": s.tenant_id,
+        "requested_quota_bytes": s.requested_quota_bytes,
+        "effective_quota_bytes": s.effective_quota_bytes,
+        "charged_bytes": s.charged_bytes,
+        "admission_closed": s.admission_closed,
+        "has_explicit_policy": s.has_explicit_policy,
+        "over_quota": s.over_quota,
+    })
+}
+
+async fn tenant_quotas_get(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let tenant = q
+        .get("tenant_id")
+        .filter(|t| !t.is_empty())
+        .map(String::as_str);
+    match state.master.list_tenant_quotas(tenant) {
+        Ok(list) => {
+            let tenants: Vec<Value> = list.iter().map(snapshot_json).collect();
+            axum::Json(json!({"success": true, "tenants": tenants})).into_response()
+        }
+        Err(code) => error_response(code, None),
     }
-    // Tenant quotas belong to "Master core II"; until it lands the endpoint says so plainly.
-    error_response(
-        ErrorCode::NOT_SUPPORTED,
-        Some("tenant quotas are not implemented yet"),
-    )
+}
+
+/// `PUT /api/v1/tenant_quotas?tenant_id=T&quota_bytes=N` (sizes like `4GiB` accepted), or a JSON
+/// body `{"tenant_id": T, "quota_bytes": N}` (`requested_quota_bytes` is accepted too).
+async fn tenant_quotas_put(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+    body: Bytes,
+) -> Response {
+    let from_body: Value = if body.is_empty() {
+        Value::Null
+    } else {
+        match serde_json::from_slice(&body) {
+            Ok(value) => value,
+            Err(_) => return error_response(ErrorCode::INVALID_PARAMS, Some("body is not JSON")),
+        }
+    };
+    let tenant = q.get("tenant_id").cloned().or_else(|| {
+        from_body
+            .get("tenant_id")
+            .and_then(Value::as_str)
+            .map(String::from)
+    });
+    let quota = q
+        .get("quota_bytes")
+        .or_else(|| q.get("requested_quota_bytes"))
+        .and_then(|v| mooncake_common::parse_size(v).ok())
+        .or_else(|| {
+            ["quota_bytes", "requested_quota_bytes"]
+                .iter()
+                .find_map(|k| from_body.get(*k).and_then(Value::as_u64))
+        });
+    let (Some(tenant), Some(quota)) = (tenant, quota) else {
+        return error_response(
+            ErrorCode::INVALID_PARAMS,
+            Some("tenant_id and quota_bytes are required"),
+        );
+    };
+    match state.master.set_tenant_quota(&tenant, quota) {
+        Ok(snapshot) => {
+            axum::Json(json!({"success": true, "tenant": snapshot_json(&snapshot)})).into_response()
+        }
+        Err(code) => error_response(code, None),
+    }
+}
+
+async fn tenant_quotas_delete(
+    State(state): State<AdminState>,
+    Query(q): Query<HashMap<String, String>>,
+) -> Response {
+    let Some(tenant) = q.get("tenant_id").filter(|t| !t.is_empty()) else {
+        return error_response(ErrorCode::INVALID_PARAMS, Some("tenant_id is required"));
+    };
+    match state.master.delete_tenant_quota(tenant) {
+        Ok(()) => axum::Json(json!({"success": true})).into_response(),
+        Err(code) => error_response(code, None),
+    }
 }
 
 /// Upstream's HTTP metadata store: an in-memory key → bytes map for tools that expect it.

@@ -22,6 +22,11 @@ use crate::service::MasterRpc;
 pub enum StartError {
     #[error("invalid master settings: {0}")]
     Core(#[from] mooncake_master::ConfigError),
+    #[error("cannot load the tenant policy {path}: {message}")]
+    TenantPolicy {
+        path: std::path::PathBuf,
+        message: String,
+    },
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
         what: &'static str,
@@ -69,6 +74,12 @@ pub struct RunningMaster {
 const PUT_TIMEOUT_PERIOD: Duration = Duration::from_secs(1);
 const SOFT_PIN_EXPIRY_PERIOD: Duration = Duration::from_secs(1);
 const GRACEFUL_UNMOUNT_PERIOD: Duration = Duration::from_millis(200);
+/// Upstream's eviction loop period.
+const EVICTION_PERIOD: Duration = Duration::from_millis(10);
+/// Upstream's client monitor period.
+const CLIENT_MONITOR_PERIOD: Duration = Duration::from_secs(1);
+/// Task pruning and timeouts (upstream: 30 s, together with soft-pin expiry).
+const TASK_CLEANUP_PERIOD: Duration = Duration::from_secs(1);
 
 impl RunningMaster {
     /// Binds every port and starts serving. Must be called inside a tokio runtime.
@@ -80,6 +91,15 @@ impl RunningMaster {
             core_config(config, resolved),
             Arc::new(SystemClock::new()),
         )?);
+        if config.enable_multi_tenants && !config.tenant_quota_connector_uri.is_empty() {
+            let path = std::path::Path::new(&config.tenant_quota_connector_uri);
+            master
+                .load_tenant_policy_file(path)
+                .map_err(|error| StartError::TenantPolicy {
+                    path: path.to_path_buf(),
+                    message: error.to_string(),
+                })?;
+        }
         let metrics = Arc::new(RpcMetrics::default());
         let rpc_config = ServerConfig {
             max_connections: config.rpc_max_connections,
@@ -152,8 +172,32 @@ impl RunningMaster {
                 m.run_soft_pin_expiry_once();
             },
         );
-        spawn_worker(&mut tasks, &master, stop_rx, GRACEFUL_UNMOUNT_PERIOD, |m| {
-            m.run_graceful_unmounts_once();
+        spawn_worker(
+            &mut tasks,
+            &master,
+            stop_rx.clone(),
+            GRACEFUL_UNMOUNT_PERIOD,
+            |m| {
+                m.run_graceful_unmounts_once();
+            },
+        );
+        spawn_worker(&mut tasks, &master, stop_rx.clone(), EVICTION_PERIOD, |m| {
+            m.run_eviction_once();
+        });
+        spawn_worker(
+            &mut tasks,
+            &master,
+            stop_rx.clone(),
+            CLIENT_MONITOR_PERIOD,
+            |m| {
+                let expired = m.run_client_monitor_once();
+                if expired > 0 {
+                    tracing::warn!(expired, "clients expired: their segments were unmounted");
+                }
+            },
+        );
+        spawn_worker(&mut tasks, &master, stop_rx, TASK_CLEANUP_PERIOD, |m| {
+            m.run_task_cleanup_once();
         });
 
         tracing::info!(%rpc_addr, %metrics_addr, ?metadata_addr, "master serving");

@@ -158,6 +158,59 @@ impl Handler for MasterRpc {
                     })
                     .collect())
             }),
+            m::Ping::ID => self.serve(body, out, |ms, r: m::Ping| ms.ping(r.client)),
+            m::UpsertStart::ID => self.serve(body, out, |ms, r: m::UpsertStart| {
+                ms.upsert_start(r.client, &r.key, r.value_len, &r.config, &r.tenant)
+            }),
+            m::BatchUpsertStart::ID => self.serve(body, out, |ms, r: m::BatchUpsertStart| {
+                Ok(ms.batch_upsert_start(r.client, &r.keys, &r.value_lens, &r.config, &r.tenant))
+            }),
+            m::UpsertEnd::ID => self.serve(body, out, |ms, r: m::UpsertEnd| {
+                ms.upsert_end(r.client, &r.meta, r.replica_type, &r.tenant)
+            }),
+            m::BatchUpsertEnd::ID => self.serve(body, out, |ms, r: m::BatchUpsertEnd| {
+                Ok(ms.batch_upsert_end(r.client, &r.metas, &r.tenant))
+            }),
+            m::UpsertRevoke::ID => self.serve(body, out, |ms, r: m::UpsertRevoke| {
+                ms.upsert_revoke(r.client, &r.key, r.replica_type, &r.tenant)
+            }),
+            m::BatchUpsertRevoke::ID => self.serve(body, out, |ms, r: m::BatchUpsertRevoke| {
+                Ok(ms.batch_upsert_revoke(r.client, &r.keys, &r.tenant))
+            }),
+            m::CopyStart::ID => self.serve(body, out, |ms, r: m::CopyStart| {
+                ms.copy_start(r.client, &r.key, &r.tenant, &r.source, &r.targets)
+            }),
+            m::CopyEnd::ID => self.serve(body, out, |ms, r: m::CopyEnd| {
+                ms.copy_end(r.client, &r.key, &r.tenant)
+            }),
+            m::CopyRevoke::ID => self.serve(body, out, |ms, r: m::CopyRevoke| {
+                ms.copy_revoke(r.client, &r.key, &r.tenant)
+            }),
+            m::MoveStart::ID => self.serve(body, out, |ms, r: m::MoveStart| {
+                ms.move_start(r.client, &r.key, &r.tenant, &r.source, &r.target)
+            }),
+            m::MoveEnd::ID => self.serve(body, out, |ms, r: m::MoveEnd| {
+                ms.move_end(r.client, &r.key, &r.tenant)
+            }),
+            m::MoveRevoke::ID => self.serve(body, out, |ms, r: m::MoveRevoke| {
+                ms.move_revoke(r.client, &r.key, &r.tenant)
+            }),
+            m::CreateCopyTask::ID => self.serve(body, out, |ms, r: m::CreateCopyTask| {
+                ms.create_copy_task(&r.key, &r.tenant, &r.targets)
+            }),
+            m::CreateMoveTask::ID => self.serve(body, out, |ms, r: m::CreateMoveTask| {
+                ms.create_move_task(&r.key, &r.tenant, &r.source, &r.target)
+            }),
+            m::QueryTask::ID => self.serve(body, out, |ms, r: m::QueryTask| ms.query_task(r.id)),
+            m::FetchTasks::ID => self.serve(body, out, |ms, r: m::FetchTasks| {
+                Ok(ms.fetch_tasks(
+                    r.client,
+                    usize::try_from(r.batch_size).unwrap_or(usize::MAX),
+                ))
+            }),
+            m::MarkTaskToComplete::ID => self.serve(body, out, |ms, r: m::MarkTaskToComplete| {
+                ms.mark_task_to_complete(r.client, &r.request)
+            }),
             other => {
                 self.metrics.record(other, true);
                 Err(HandlerError::new(
