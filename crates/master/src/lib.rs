@@ -1,15 +1,19 @@
 //! The Mooncake Store master as a pure, synchronous, thread-safe state machine.
 //!
 //! It owns the metadata of every object (a 1024-shard index of tenant → key → object), the
-//! mounted segments with one exact allocator each, replica placement, and the put/get/remove
-//! lifecycle with its leases, soft and hard pins and put timeouts. Every deadline reads an
+//! mounted segments with one exact allocator each, replica placement, the put/get/remove/upsert
+//! lifecycle with its leases, soft and hard pins and put timeouts, client liveness, eviction by
+//! last access, group routing, tenant quotas, copy/move and the client task queue. Every deadline reads an
 //! injected [`mooncake_common::Clock`]; background work is exposed as `run_*_once` methods that a
 //! server loop (or a test) calls.
 //!
-//! It must never do I/O, open sockets, spawn threads or sleep, and it never sees object bytes.
+//! It must never open sockets, spawn threads or sleep, and it never sees object bytes; its only
+//! I/O is reading and writing the tenant policy file when the caller asks for it
+//! (`load_tenant_policy_file`, and the quota admin methods once a file was loaded).
 //! Map of the crate: `allocator` (per-segment buffers), `strategy` (placement), `segments`
-//! (mount/unmount), `index` (shards, stripes, routing), `object` (metadata), `put`, `read`,
-//! `remove` (the RPCs), `service` (the handle, segment RPCs, background steps, checks).
+//! (mount/unmount), `index` (shards, stripes, routing), `object` (metadata), `put`, `upsert`,
+//! `read`, `remove`, `replication`, `tasks` (the RPCs), `clients` (ping and the monitor),
+//! `eviction`, `quota` (tenants), `service` (the handle, segment RPCs, background steps, checks).
 //! See docs/master.md.
 
 pub mod allocator;

@@ -476,6 +476,15 @@ mod tests {
     }
 
     #[test]
+    fn extra_box_size_is_known() {
+        // Allocated only for grouped, soft-pin-pending, multi-tenant or copy/move objects;
+        // docs/master.md quotes this size.
+        let n = std::mem::size_of::<ObjectExtra>();
+        assert!(n <= 112, "{n}");
+        println!("ObjectExtra: {n} bytes");
+    }
+
+    #[test]
     fn short_keys_inline_long_keys_boxed() {
         for key in [
             "",
