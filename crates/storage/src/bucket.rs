@@ -773,9 +773,12 @@ impl BucketBackend {
                 value: loc.size,
             });
         }
-        let mut hdr = [0u8; HEADER_BYTES];
-        read_at(&file, &mut hdr, loc.offset)
+        // Header and key in one read (the key's length is the requested key's).
+        let mut head = vec![0u8; HEADER_BYTES + key.len()];
+        read_at(&file, &mut head, loc.offset)
             .map_err(|e| e.unwrap_or_else(|| corrupt(record::RecordError::Truncated)))?;
+        let mut hdr = [0u8; HEADER_BYTES];
+        hdr.copy_from_slice(&head[..HEADER_BYTES]);
         let header = RecordHeader::decode(
             &hdr,
             MAGIC_BUCKET,
@@ -789,10 +792,8 @@ impl BucketBackend {
         {
             return Err(corrupt(record::RecordError::KeyMismatch));
         }
-        let mut stored_key = vec![0u8; key.len()];
-        read_at(&file, &mut stored_key, loc.offset + HEADER_BYTES as u64)
-            .map_err(|e| e.unwrap_or_else(|| corrupt(record::RecordError::Truncated)))?;
-        record::check_key(&hdr, &stored_key).map_err(corrupt)?;
+        let stored_key = &head[HEADER_BYTES..];
+        record::check_key(&hdr, stored_key).map_err(corrupt)?;
         if stored_key != key.as_bytes() {
             return Err(corrupt(record::RecordError::KeyMismatch));
         }
