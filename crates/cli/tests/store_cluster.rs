@@ -492,7 +492,6 @@ fn a_killed_node_leaves_replicated_objects_readable_and_nothing_hangs() {
 }
 
 #[test]
-#[ignore = "needs Ping / client monitor in the master (issue 3)"]
 fn objects_only_on_a_killed_node_are_gone_after_client_ttl() {
     let master = MasterProcess::start(&["--client_ttl=2"]);
     let doomed = StoreNode::start(master.rpc, "32MiB", &[]);
@@ -568,7 +567,6 @@ fn sigterm_unmounts_the_node() {
 }
 
 #[test]
-#[ignore = "needs Ping / client monitor in the master (issue 3)"]
 fn master_restart_makes_nodes_remount_and_clients_reconnect() {
     let master = MasterProcess::start(&["--client_ttl=2"]);
     let rpc = master.rpc;
@@ -580,7 +578,7 @@ fn master_restart_makes_nodes_remount_and_clients_reconnect() {
             .await
             .unwrap();
         drop(master);
-        let port = format!("--port={}", rpc.port());
+        let port = format!("--rpc_port={}", rpc.port());
         let restarted = MasterProcess::start(&[&port, "--client_ttl=2"]);
         assert_eq!(restarted.rpc, rpc);
         // The node's heartbeat gets NEED_REMOUNT and mounts its segment again.

@@ -68,6 +68,23 @@ impl BlockingStoreClient {
         self.run(self.client.put_batch(items, config))
     }
 
+    pub fn upsert(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<(), StoreError> {
+        self.run(self.client.upsert(key, value, config))
+    }
+
+    pub fn upsert_batch(
+        &self,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<(), StoreError>> {
+        self.run(self.client.upsert_batch(items, config))
+    }
+
     pub fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         self.run(self.client.get(key))
     }

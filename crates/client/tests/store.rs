@@ -282,3 +282,54 @@ fn the_blocking_facade_serves_many_threads_at_once() {
     store.close().unwrap();
     rt.block_on(master.shutdown());
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn upsert_replaces_in_place_and_with_a_new_size() {
+    let master = start_master().await;
+    let a = node(&master, 32 << 20, TransportMode::Auto).await;
+    let reader = node(&master, 0, TransportMode::Auto).await;
+    let one = ReplicateConfig::default();
+    // Upsert of a new key is a put.
+    reader.upsert("k", &pattern(5000, 1), &one).await.unwrap();
+    assert_eq!(a.get("k").await.unwrap(), pattern(5000, 1));
+    // Same size: rewritten in place; put would have kept the first value.
+    assert_eq!(
+        reader.put("k", &pattern(5000, 2), &one).await.unwrap(),
+        PutOutcome::AlreadyPresent
+    );
+    reader.upsert("k", &pattern(5000, 2), &one).await.unwrap();
+    assert_eq!(a.get("k").await.unwrap(), pattern(5000, 2));
+    // Another size: reallocated.
+    reader.upsert("k", &pattern(70_000, 3), &one).await.unwrap();
+    assert_eq!(reader.get("k").await.unwrap(), pattern(70_000, 3));
+    assert_eq!(reader.get_size("k").await.unwrap(), 70_000);
+    // Batches: one result per key in order, a bad entry fails alone.
+    let (v1, v2) = (pattern(100, 4), pattern(200, 5));
+    let results = reader
+        .upsert_batch(&[("k", &v1), ("", &v2), ("n", &v2)], &one)
+        .await;
+    assert!(results[0].is_ok() && results[2].is_ok(), "{results:?}");
+    assert_eq!(
+        results[1].as_ref().unwrap_err().code(),
+        ErrorCode::INVALID_PARAMS
+    );
+    assert_eq!(reader.get("k").await.unwrap(), v1);
+    assert_eq!(reader.get("n").await.unwrap(), v2);
+    // A value bigger than the whole store: clear error, the old value stays readable.
+    let huge = vec![7u8; 48 << 20];
+    let err = reader.upsert("n", &huge, &one).await.unwrap_err();
+    assert_eq!(
+        err.master_code(),
+        Some(ErrorCode::NO_AVAILABLE_HANDLE),
+        "{err}"
+    );
+    // As upstream (spec/master.md, UpsertStart "different size"), the old replicas are discarded
+    // before the new allocation, so a size-changing upsert that cannot allocate loses the key.
+    assert_eq!(
+        reader.get("n").await.unwrap_err().master_code(),
+        Some(ErrorCode::OBJECT_NOT_FOUND)
+    );
+    reader.close().await.unwrap();
+    a.close().await.unwrap();
+    master.shutdown().await;
+}

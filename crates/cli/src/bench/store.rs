@@ -67,6 +67,9 @@ pub struct Args {
     /// Spin on the master socket for this long before parking (0 = off).
     #[arg(long, default_value_t = 0)]
     pub busy_poll_us: u64,
+    /// Skip the CRC32C recorded at PutEnd and checked on every get (upstream has none).
+    #[arg(long)]
+    pub no_checksums: bool,
     /// Upstream's table (e.g. ../shared/bench/peer/reference/upstream_results.txt): adds a
     /// column with our ops/s divided by upstream's for the same case and value.
     #[arg(long)]
@@ -110,6 +113,8 @@ pub struct PeerArgs {
     pub transport: TransportMode,
     #[arg(long, default_value_t = 0)]
     pub busy_poll_us: u64,
+    #[arg(long)]
+    pub no_checksums: bool,
 }
 
 /// One row of the table.
@@ -680,12 +685,14 @@ fn client_config(
     segment: u64,
     transport: TransportMode,
     busy_us: u64,
+    checksums: bool,
 ) -> StoreConfig {
     let mut config = StoreConfig {
         master_addr: master.to_string(),
         local_hostname: "127.0.0.1".into(),
         global_segment_size: segment,
         transport,
+        verify_checksums: checksums,
         ..StoreConfig::default()
     };
     if busy_us > 0 {
@@ -723,6 +730,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.segment_size,
             args.transport,
             args.busy_poll_us,
+            !args.no_checksums,
         ))
         .await
         .context("client A")?;
@@ -785,9 +793,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .unwrap_or_default()
     };
     println!(
-        "mooncake-rs store bench {}: transport {:?}, segment(A) {}, peer segment(B) 0, master {}",
+        "mooncake-rs store bench {}: transport {:?}, CRC32C {}, segment(A) {}, peer segment(B) 0, master {}",
         env!("CARGO_PKG_VERSION"),
         args.transport,
+        if args.no_checksums { "off" } else { "on (put and get)" },
         fmt_size(args.segment_size),
         if args.master.is_some() {
             master.clone()
@@ -865,12 +874,34 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
         }
     }
+    let copy_us = memcpy_p50_us(16 * MIB);
+    println!(
+        "== limit: single-thread memcpy of 16MiB (pre-touched, 15 copies) p50 {copy_us:.1} us = {:.0} MiB/s",
+        16.0 * 1e6 / copy_us.max(1e-9)
+    );
     println!("\ntotal wall time {:.1}s", started.elapsed().as_secs_f64());
     let errors: usize = results.iter().chain(&cross).map(|r| r.errors).sum();
     if errors > 0 {
         bail!("{errors} operations failed or read wrong bytes");
     }
     Ok(())
+}
+
+/// Median time of copying `len` bytes between two pre-touched buffers (the local data path's
+/// limit on this machine, measured in the same run).
+fn memcpy_p50_us(len: usize) -> f64 {
+    let src = value_bytes(len as u64, 1);
+    let mut dst = vec![1u8; len];
+    let mut samples: Vec<f64> = (0..15)
+        .map(|_| {
+            let t = Instant::now();
+            dst.copy_from_slice(std::hint::black_box(&src));
+            std::hint::black_box(&mut dst);
+            t.elapsed().as_secs_f64() * 1e6
+        })
+        .collect();
+    samples.sort_by(f64::total_cmp);
+    samples[samples.len() / 2]
 }
 
 async fn run_cross(
@@ -929,6 +960,7 @@ async fn run_cross(
                     &format!("{:?}", args.transport).to_lowercase(),
                 ])
                 .args(["--busy-poll-us", &args.busy_poll_us.to_string()])
+                .args(args.no_checksums.then_some("--no-checksums"))
                 .stderr(Stdio::inherit())
                 .output()
         }
@@ -953,6 +985,7 @@ pub fn run_peer(args: PeerArgs) -> anyhow::Result<()> {
             0,
             args.transport,
             args.busy_poll_us,
+            !args.no_checksums,
         ))
         .await
         .context("client B")?;

@@ -511,6 +511,175 @@ impl StoreClient {
             .collect()
     }
 
+    /// Stores `value` under `key`, replacing an existing value (upstream's `upsert`). The key
+    /// is unreadable between the start and the end; on any failure the write is revoked.
+    pub async fn upsert(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<(), StoreError> {
+        self.upsert_parts(key, &[value], config).await
+    }
+
+    /// [`StoreClient::upsert`] of the concatenation of `parts`.
+    pub async fn upsert_parts(
+        &self,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Result<(), StoreError> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let checksum = inner.config.verify_checksums.then(|| checksum_of(parts));
+        let replicas = inner
+            .master
+            .call(&m::UpsertStart {
+                client: inner.client_id,
+                key: key.to_string(),
+                value_len: total,
+                config: config.clone(),
+                tenant: self.tenant().to_string(),
+            })
+            .await?;
+        match self.write_replicas(&replicas, parts, total).await {
+            Ok(()) => {
+                inner
+                    .master
+                    .call(&m::UpsertEnd {
+                        client: inner.client_id,
+                        meta: ObjectMeta {
+                            key: key.to_string(),
+                            object_checksum: checksum,
+                        },
+                        replica_type: ReplicaType::ALL,
+                        tenant: self.tenant().to_string(),
+                    })
+                    .await?;
+                Ok(())
+            }
+            Err(error) => {
+                let _ = inner
+                    .master
+                    .call(&m::UpsertRevoke {
+                        client: inner.client_id,
+                        key: key.to_string(),
+                        replica_type: ReplicaType::ALL,
+                        tenant: self.tenant().to_string(),
+                    })
+                    .await;
+                Err(error)
+            }
+        }
+    }
+
+    /// Upserts many objects: one start batch, one transfer batch, one end batch.
+    pub async fn upsert_batch(
+        &self,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<(), StoreError>> {
+        if let Err(error) = self.check_open() {
+            return items.iter().map(|_| Err(error.clone())).collect();
+        }
+        let inner = &self.inner;
+        let tenant = self.tenant().to_string();
+        let keys: Vec<String> = items.iter().map(|(k, _)| k.to_string()).collect();
+        let started = match inner
+            .master
+            .call(&m::BatchUpsertStart {
+                client: inner.client_id,
+                keys: keys.clone(),
+                value_lens: items.iter().map(|(_, v)| v.len() as u64).collect(),
+                config: config.clone(),
+                tenant: tenant.clone(),
+            })
+            .await
+        {
+            Ok(started) if started.len() == items.len() => started,
+            Ok(_) => {
+                let e =
+                    StoreError::InvalidParams("master answered a batch of the wrong length".into());
+                return items.iter().map(|_| Err(e.clone())).collect();
+            }
+            Err(error) => return items.iter().map(|_| Err(error.clone().into())).collect(),
+        };
+        let mut results: Vec<Option<Result<(), StoreError>>> = vec![None; items.len()];
+        let mut to_write = Vec::new();
+        for (i, start) in started.into_iter().enumerate() {
+            match start {
+                Ok(replicas) => to_write.push((i, replicas)),
+                Err(code) => results[i] = Some(Err(code.into())),
+            }
+        }
+        let written = self.write_many(items, &to_write).await;
+        let mut ended = Vec::new();
+        let mut revoked = Vec::new();
+        for ((i, _), outcome) in to_write.iter().zip(written) {
+            match outcome {
+                Ok(()) => ended.push(*i),
+                Err(error) => {
+                    revoked.push(*i);
+                    results[*i] = Some(Err(error));
+                }
+            }
+        }
+        if !revoked.is_empty() {
+            let _ = inner
+                .master
+                .call(&m::BatchUpsertRevoke {
+                    client: inner.client_id,
+                    keys: revoked.iter().map(|&i| keys[i].clone()).collect(),
+                    tenant: tenant.clone(),
+                })
+                .await;
+        }
+        if !ended.is_empty() {
+            let metas: Vec<ObjectMeta> = ended
+                .iter()
+                .map(|&i| ObjectMeta {
+                    key: keys[i].clone(),
+                    object_checksum: inner
+                        .config
+                        .verify_checksums
+                        .then(|| checksum_of(&[items[i].1])),
+                })
+                .collect();
+            let answer = inner
+                .master
+                .call(&m::BatchUpsertEnd {
+                    client: inner.client_id,
+                    metas,
+                    tenant,
+                })
+                .await;
+            match answer {
+                Ok(each) if each.len() == ended.len() => {
+                    for (&i, r) in ended.iter().zip(each) {
+                        results[i] = Some(r.map_err(StoreError::from));
+                    }
+                }
+                Ok(_) => {
+                    for &i in &ended {
+                        results[i] = Some(Err(StoreError::InvalidParams(
+                            "bad UpsertEnd batch answer".into(),
+                        )));
+                    }
+                }
+                Err(error) => {
+                    for &i in &ended {
+                        results[i] = Some(Err(error.clone().into()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(StoreError::InvalidParams("lost batch entry".into()))))
+            .collect()
+    }
+
     /// Writes `items[i]` to `replicas` for every `(i, replicas)`; one result per pair.
     async fn write_many(
         &self,
