@@ -167,6 +167,7 @@ impl MasterService {
                 if only.is_some_and(|t| t != tenant) {
                     continue;
                 }
+                state.prefetch_all();
                 for entry in state.objects.iter() {
                     let m = &entry.meta;
                     if m.has(FLAG_HARD_PIN) || !m.replicas.iter().any(Replica::is_evictable) {
@@ -236,6 +237,7 @@ impl MasterService {
                 if only.is_some_and(|t| t != tenant) {
                     continue;
                 }
+                state.prefetch_all();
                 let verdicts = Self::group_verdicts(state, &mut sel, now_ms);
                 state.objects.retain(|entry| {
                     let m = &mut entry.meta;

@@ -185,6 +185,35 @@ impl TenantState {
     pub fn len(&self) -> usize {
         self.objects.len()
     }
+
+    /// Asks the CPU to start loading every entry of this table (non-blocking hints), so that a
+    /// following full walk (eviction census and passes, unmount sweeps) finds them in cache
+    /// instead of paying one memory round trip per boxed entry in sequence.
+    pub fn prefetch_all(&self) {
+        for e in self.objects.iter() {
+            prefetch(e);
+        }
+    }
+}
+
+/// Prefetch hint for the cache lines of one entry; no effect on program state.
+#[inline(always)]
+fn prefetch(entry: &ObjectEntry) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let p = (entry as *const ObjectEntry).cast::<i8>();
+        // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists; a prefetch
+        // never faults, reads or writes nothing observable, and the addresses lie inside the
+        // entry (160 bytes, so offsets 0, 64 and 128 are in bounds).
+        unsafe {
+            _mm_prefetch::<_MM_HINT_T0>(p);
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
+            _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(128));
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = entry;
 }
 
 /// One shard: the default tenant inline (the common case costs no tenant lookup), others in a map.

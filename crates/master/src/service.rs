@@ -312,6 +312,7 @@ impl MasterService {
         for i in 0..SHARD_COUNT {
             let mut shard = self.index.shard_at(i).write();
             for (_, state) in shard.tenants_mut() {
+                state.prefetch_all();
                 state.objects.retain(|entry| {
                     let meta = &mut entry.meta;
                     meta.retain_replicas(|r| !r.is_complete() || r.is_valid());

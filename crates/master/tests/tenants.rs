@@ -320,3 +320,266 @@ fn quota_is_conserved_under_puts_removes_evictions_and_client_deaths() {
     );
     assert_accounting(&m);
 }
+
+mod tenant_model {
+    //! Model-based property test for tenant operations: registration, quota admission, refunds
+    //! and the admin methods agree with a reference model; objects vanish only through
+    //! tenant-scoped eviction, and then only unleased, complete ones.
+    use super::*;
+    use mooncake_master::effective_quotas;
+    use proptest::prelude::*;
+    use std::collections::BTreeMap;
+
+    const TENANTS: [&str; 2] = ["t1", "t2"];
+    const CAPACITY: u64 = 2 * 1024;
+
+    #[derive(Debug, Clone)]
+    enum Op {
+        Put {
+            t: usize,
+            k: usize,
+            units: u64,
+            reps: usize,
+        },
+        End {
+            t: usize,
+            k: usize,
+        },
+        Revoke {
+            t: usize,
+            k: usize,
+        },
+        Remove {
+            t: usize,
+            k: usize,
+            force: bool,
+        },
+        Get {
+            t: usize,
+            k: usize,
+        },
+        SetQuota {
+            t: usize,
+            units: u64,
+        },
+        DeleteQuota {
+            t: usize,
+        },
+        Advance(u64),
+    }
+
+    fn op() -> impl Strategy<Value = Op> {
+        prop_oneof![
+            6 => (0..2usize, 0..5usize, 1u64..=4, 1usize..=2)
+                .prop_map(|(t, k, units, reps)| Op::Put { t, k, units, reps }),
+            4 => (0..2usize, 0..5usize).prop_map(|(t, k)| Op::End { t, k }),
+            1 => (0..2usize, 0..5usize).prop_map(|(t, k)| Op::Revoke { t, k }),
+            2 => (0..2usize, 0..5usize, any::<bool>())
+                .prop_map(|(t, k, force)| Op::Remove { t, k, force }),
+            2 => (0..2usize, 0..5usize).prop_map(|(t, k)| Op::Get { t, k }),
+            2 => (0..2usize, 1u64..=16).prop_map(|(t, units)| Op::SetQuota { t, units }),
+            1 => (0..2usize).prop_map(|t| Op::DeleteQuota { t }),
+            2 => prop_oneof![Just(1u64), Just(10_001), Just(31_000)].prop_map(Op::Advance),
+        ]
+    }
+
+    #[derive(Debug, Clone)]
+    struct Obj {
+        bytes: u64,
+        complete: bool,
+        lease_ms: u64,
+        start_ms: u64,
+    }
+
+    #[derive(Default)]
+    struct Model {
+        policy: BTreeMap<TenantId, u64>,
+        objects: BTreeMap<(usize, usize), Obj>,
+    }
+
+    impl Model {
+        fn charged(&self, t: usize) -> u64 {
+            self.objects
+                .iter()
+                .filter(|((tt, _), _)| *tt == t)
+                .map(|(_, o)| o.bytes)
+                .sum()
+        }
+        fn effective(&self, t: usize) -> Option<u64> {
+            let id = TenantId::new(TENANTS[t]).unwrap();
+            let eff = effective_quotas(CAPACITY, &self.policy);
+            self.policy.keys().position(|n| *n == id).map(|i| eff[i])
+        }
+    }
+
+    fn run(ops: &[Op]) {
+        let (clock, m) = master_with(MasterServiceConfig {
+            enable_multi_tenants: true,
+            ..Default::default()
+        });
+        m.mount_segment(&seg(1, "a", 1024), C1).unwrap();
+        m.mount_segment(&seg(2, "b", 1024), C1).unwrap();
+        let mut model = Model::default();
+        for op in ops {
+            let now = m.now_ms();
+            match *op {
+                Op::Put { t, k, units, reps } => {
+                    let size = units * 64;
+                    let name = TENANTS[t];
+                    let got = m.put_start(C1, &format!("k{k}"), size, &cfg(reps), name);
+                    if model.effective(t).is_none() {
+                        assert_eq!(got, Err(ErrorCode::TENANT_NOT_REGISTERED), "{op:?}");
+                        continue;
+                    }
+                    if let Some(o) = model.objects.get(&(t, k)) {
+                        if o.complete || o.start_ms + 30_000 >= now {
+                            assert_eq!(got, Err(ErrorCode::OBJECT_ALREADY_EXISTS), "{op:?}");
+                            continue;
+                        }
+                        model.objects.remove(&(t, k)); // pre-empted: refunded
+                    }
+                    // Tenant-scoped eviction may have taken some of t's objects.
+                    let victims: Vec<(usize, usize)> = model
+                        .objects
+                        .keys()
+                        .copied()
+                        .filter(|&(tt, kk)| {
+                            m.object_info(&format!("k{kk}"), TENANTS[tt])
+                                .unwrap()
+                                .is_none()
+                        })
+                        .collect();
+                    for v in &victims {
+                        let o = &model.objects[v];
+                        assert_eq!(v.0, t, "eviction outside the tenant");
+                        assert!(o.complete && now >= o.lease_ms, "evicted {v:?}: {o:?}");
+                        model.objects.remove(v);
+                    }
+                    let eff = model.effective(t).unwrap();
+                    match got {
+                        Ok(d) => {
+                            let bytes = size * d.len() as u64;
+                            assert!(model.charged(t) + bytes <= eff, "{op:?}");
+                            model.objects.insert(
+                                (t, k),
+                                Obj {
+                                    bytes,
+                                    complete: false,
+                                    lease_ms: 0,
+                                    start_ms: now,
+                                },
+                            );
+                        }
+                        Err(ErrorCode::TENANT_QUOTA_EXCEEDED) => {
+                            assert!(model.charged(t) + size * reps as u64 > eff, "{op:?}");
+                        }
+                        Err(e) => assert_eq!(e, ErrorCode::NO_AVAILABLE_HANDLE, "{op:?}"),
+                    }
+                }
+                Op::End { t, k } => {
+                    let got = m.put_end(
+                        C1,
+                        &ObjectMeta::new(format!("k{k}")),
+                        ReplicaType::ALL,
+                        TENANTS[t],
+                    );
+                    match model.objects.get_mut(&(t, k)) {
+                        None => assert_eq!(got, Err(ErrorCode::OBJECT_NOT_FOUND)),
+                        Some(o) => {
+                            assert_eq!(got, Ok(()));
+                            o.complete = true;
+                        }
+                    }
+                }
+                Op::Revoke { t, k } => {
+                    let got = m.put_revoke(C1, &format!("k{k}"), ReplicaType::ALL, TENANTS[t]);
+                    match model.objects.get(&(t, k)) {
+                        None => assert_eq!(got, Err(ErrorCode::OBJECT_NOT_FOUND)),
+                        Some(o) if o.complete => assert_eq!(got, Err(ErrorCode::INVALID_WRITE)),
+                        Some(_) => {
+                            assert_eq!(got, Ok(()));
+                            model.objects.remove(&(t, k));
+                        }
+                    }
+                }
+                Op::Remove { t, k, force } => {
+                    let got = m.remove(&format!("k{k}"), force, TENANTS[t]);
+                    let want = match model.objects.get(&(t, k)) {
+                        None => Err(ErrorCode::OBJECT_NOT_FOUND),
+                        Some(o) if !force && now < o.lease_ms => Err(ErrorCode::OBJECT_HAS_LEASE),
+                        Some(o) if !o.complete => Err(ErrorCode::REPLICA_IS_NOT_READY),
+                        Some(_) => {
+                            model.objects.remove(&(t, k));
+                            Ok(())
+                        }
+                    };
+                    assert_eq!(got, want, "{op:?}");
+                }
+                Op::Get { t, k } => {
+                    let got = m.get_replica_list(&format!("k{k}"), TENANTS[t]);
+                    match model.objects.get_mut(&(t, k)) {
+                        None => assert_eq!(got, Err(ErrorCode::OBJECT_NOT_FOUND)),
+                        Some(o) if !o.complete => {
+                            assert_eq!(got, Err(ErrorCode::REPLICA_IS_NOT_READY))
+                        }
+                        Some(o) => {
+                            assert!(got.is_ok());
+                            o.lease_ms = o.lease_ms.max(now + LEASE_MS);
+                        }
+                    }
+                }
+                Op::SetQuota { t, units } => {
+                    let s = m.set_tenant_quota(TENANTS[t], units * 64).unwrap();
+                    model
+                        .policy
+                        .insert(TenantId::new(TENANTS[t]).unwrap(), units * 64);
+                    assert_eq!(Some(s.effective_quota_bytes), model.effective(t));
+                }
+                Op::DeleteQuota { t } => {
+                    let got = m.delete_tenant_quota(TENANTS[t]);
+                    let id = TenantId::new(TENANTS[t]).unwrap();
+                    let want = if !model.policy.contains_key(&id) {
+                        Err(ErrorCode::OBJECT_NOT_FOUND)
+                    } else if model.objects.keys().any(|(tt, _)| *tt == t) {
+                        Err(ErrorCode::TENANT_NOT_EMPTY)
+                    } else {
+                        model.policy.remove(&id);
+                        Ok(())
+                    };
+                    assert_eq!(got, want, "{op:?}");
+                }
+                Op::Advance(ms) => {
+                    clock.advance(ms);
+                }
+            }
+            // After every step: charged = Σ held bytes = the model's, within the quota.
+            for (t, name) in TENANTS.iter().enumerate() {
+                let snap = m.list_tenant_quotas(Some(name)).ok().map(|v| v[0].clone());
+                let charged = snap.as_ref().map_or(0, |s| s.charged_bytes);
+                assert_eq!(charged, model.charged(t), "{name} after {op:?}");
+                if let Some(s) = snap {
+                    assert_eq!(
+                        Some(s.effective_quota_bytes).filter(|_| s.has_explicit_policy),
+                        model.effective(t)
+                    );
+                }
+            }
+            assert_conserved_held(&m);
+        }
+        assert_accounting(&m);
+    }
+
+    fn assert_conserved_held(m: &MasterService) {
+        for (t, charged, held) in m.check_quota_accounting() {
+            assert_eq!(charged, held, "tenant {t}");
+        }
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+        #[test]
+        fn tenant_operations_agree_with_the_model(ops in prop::collection::vec(op(), 1..60)) {
+            run(&ops);
+        }
+    }
+}
