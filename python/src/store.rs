@@ -759,9 +759,8 @@ impl Store {
                         continue;
                     };
                     let mut per_key = Vec::with_capacity(sizes.len());
-                    for k in 0..sizes.len() {
-                        let (Some(&dst), Some(&src), size) = (dsts.get(k), srcs.get(k), sizes[k])
-                        else {
+                    for (k, &size) in sizes.iter().enumerate() {
+                        let (Some(&dst), Some(&src)) = (dsts.get(k), srcs.get(k)) else {
                             per_key.push(INVALID as i64);
                             continue;
                         };
