@@ -542,6 +542,12 @@ fn eviction_makes_room_in_a_full_store() {
         .and_then(|v| v.trim().parse().ok())
         .unwrap();
     assert!(count <= 256.0, "{count} keys of 4 KiB in a 1 MiB store");
+    let evicted: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("master_evicted_keys_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(evicted >= 1500.0, "only {evicted} evictions counted: {}", body.lines().filter(|l| l.contains("evict")).collect::<Vec<_>>().join("\n"));
 }
 
 #[test]

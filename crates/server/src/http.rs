@@ -29,6 +29,7 @@ pub struct AdminState {
     pub master: Arc<MasterService>,
     pub metrics: Arc<RpcMetrics>,
     pub rpc_stats: Option<Arc<mooncake_rpc::ServerStats>>,
+    pub workers: Arc<crate::metrics::WorkerMetrics>,
     pub cluster_id: String,
 }
 
@@ -147,6 +148,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         );
     }
     state.metrics.render(&mut out);
+    state.workers.render(&mut out);
     if let Some(stats) = &state.rpc_stats {
         use std::sync::atomic::Ordering::Relaxed;
         gauge(

@@ -82,6 +82,46 @@ impl RpcMetrics {
     }
 }
 
+/// Counters of the background workers.
+#[derive(Debug, Default)]
+pub struct WorkerMetrics {
+    pub eviction_cycles: AtomicU64,
+    pub evicted_objects: AtomicU64,
+    pub evicted_bytes: AtomicU64,
+    pub expired_clients: AtomicU64,
+}
+
+impl WorkerMetrics {
+    /// Appends the counters in Prometheus text format.
+    pub fn render(&self, out: &mut String) {
+        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
+        counter(
+            out,
+            "master_eviction_cycles_total",
+            "Eviction cycles that found work to do",
+            get(&self.eviction_cycles),
+        );
+        counter(
+            out,
+            "master_evicted_keys_total",
+            "Objects removed by eviction",
+            get(&self.evicted_objects),
+        );
+        counter(
+            out,
+            "master_evicted_bytes_total",
+            "Bytes freed by eviction",
+            get(&self.evicted_bytes),
+        );
+        counter(
+            out,
+            "master_expired_clients_total",
+            "Clients whose segments were unmounted after client_ttl without a ping",
+            get(&self.expired_clients),
+        );
+    }
+}
+
 /// `PutStart` → `put_start`, `ReMountSegment` → `re_mount_segment`.
 pub fn snake_case(name: &str) -> String {
     let mut out = String::with_capacity(name.len() + 4);

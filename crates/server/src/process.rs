@@ -14,7 +14,7 @@ use tokio::task::JoinSet;
 
 use crate::config::{MasterConfig, ResolvedConfig};
 use crate::http::{admin_router, metadata_router, AdminState, MetadataStore};
-use crate::metrics::RpcMetrics;
+use crate::metrics::{RpcMetrics, WorkerMetrics};
 use crate::service::MasterRpc;
 
 /// Why a master could not start.
@@ -126,10 +126,12 @@ impl RunningMaster {
         let (stop, stop_rx) = watch::channel(false);
         let mut tasks = JoinSet::new();
 
+        let workers = Arc::new(WorkerMetrics::default());
         let admin = admin_router(AdminState {
             master: master.clone(),
             metrics,
             rpc_stats: Some(rpc.stats().clone()),
+            workers: workers.clone(),
             cluster_id: config.cluster_id.clone(),
         });
         let metrics_addr = serve_http(
@@ -181,17 +183,39 @@ impl RunningMaster {
                 m.run_graceful_unmounts_once();
             },
         );
-        spawn_worker(&mut tasks, &master, stop_rx.clone(), EVICTION_PERIOD, |m| {
-            m.run_eviction_once();
-        });
+        let counters = workers.clone();
+        spawn_worker(
+            &mut tasks,
+            &master,
+            stop_rx.clone(),
+            EVICTION_PERIOD,
+            move |m| {
+                let report = m.run_eviction_once();
+                if report.evicted_objects > 0 {
+                    use std::sync::atomic::Ordering::Relaxed;
+                    counters.eviction_cycles.fetch_add(1, Relaxed);
+                    counters
+                        .evicted_objects
+                        .fetch_add(report.evicted_objects as u64, Relaxed);
+                    counters
+                        .evicted_bytes
+                        .fetch_add(report.freed_bytes, Relaxed);
+                }
+            },
+        );
+        let counters = workers.clone();
         spawn_worker(
             &mut tasks,
             &master,
             stop_rx.clone(),
             CLIENT_MONITOR_PERIOD,
-            |m| {
+            move |m| {
                 let expired = m.run_client_monitor_once();
                 if expired > 0 {
+                    let expired_u64 = expired as u64;
+                    counters
+                        .expired_clients
+                        .fetch_add(expired_u64, std::sync::atomic::Ordering::Relaxed);
                     tracing::warn!(expired, "clients expired: their segments were unmounted");
                 }
             },
@@ -270,8 +294,9 @@ fn spawn_worker(
     master: &Arc<MasterService>,
     mut stop: watch::Receiver<bool>,
     period: Duration,
-    step: fn(&MasterService),
+    step: impl Fn(&MasterService) + Send + Sync + 'static,
 ) {
+    let step = Arc::new(step);
     let master = master.clone();
     tasks.spawn(async move {
         let mut ticker = tokio::time::interval(period);
@@ -282,6 +307,7 @@ fn spawn_worker(
                 _ = stop.changed() => return,
             }
             let master = master.clone();
+            let step = step.clone();
             // Sweeps may walk many shards: keep them off the I/O threads.
             if tokio::task::spawn_blocking(move || step(&master))
                 .await
