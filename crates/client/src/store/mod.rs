@@ -758,8 +758,13 @@ impl StoreClient {
         let size = object_size(key, &response)?;
         let len = usize::try_from(size)
             .map_err(|_| StoreError::InvalidParams("object too large".into()))?;
-        let mut out = vec![0u8; len];
-        self.read_into(key, &response, asked, &mut out).await?;
+        // No zero fill: the transfer writes every byte, and the length is set only after it did.
+        let mut out: Vec<u8> = Vec::with_capacity(len);
+        self.read_with_fallback(&response, out.as_mut_ptr() as usize, len, 0)
+            .await?;
+        // SAFETY: the read succeeded, so the engine wrote all `len` bytes of the capacity.
+        unsafe { out.set_len(len) };
+        self.check_read(key, &response, asked, &out)?;
         Ok(out)
     }
 
@@ -813,7 +818,7 @@ impl StoreClient {
             }
             Err(error) => return keys.iter().map(|_| Err(error.clone().into())).collect(),
         };
-        let mut buffers: Vec<Result<(Vec<u8>, GetReplicaListResponse), StoreError>> = responses
+        let mut buffers: Vec<Result<PendingRead, StoreError>> = responses
             .into_iter()
             .zip(keys)
             .map(|(r, key)| {
@@ -821,20 +826,21 @@ impl StoreClient {
                 let size = object_size(key, &response)?;
                 let len = usize::try_from(size)
                     .map_err(|_| StoreError::InvalidParams("object too large".into()))?;
-                Ok((vec![0u8; len], response))
+                // Filled by the transfer; its length is set only once every byte was written.
+                Ok((Vec::with_capacity(len), len, response))
             })
             .collect();
         // First attempt: every key from its preferred replica, all in one transfer batch.
         let first = {
             let mut plan = Vec::new();
             for (i, entry) in buffers.iter_mut().enumerate() {
-                if let Ok((buf, response)) = entry {
+                if let Ok((buf, len, response)) = entry {
                     let order = self.replica_order(&response.replicas);
                     if let Some(&first) = order.first() {
                         plan.push((
                             i,
                             buf.as_mut_ptr() as usize,
-                            buf.len(),
+                            *len,
                             response.replicas[first].clone(),
                         ));
                     }
@@ -847,7 +853,7 @@ impl StoreClient {
             let key = keys[i];
             let outcome = match entry {
                 Err(error) => Err(error),
-                Ok((mut buf, response)) => {
+                Ok((mut buf, len, response)) => {
                     let ok = first.get(&i).is_some_and(|r| r.is_ok());
                     let read = if ok {
                         Ok(())
@@ -857,10 +863,15 @@ impl StoreClient {
                             .stats
                             .replica_fallbacks
                             .fetch_add(1, Ordering::Relaxed);
-                        self.read_with_fallback(&response, &mut buf, 1).await
+                        self.read_with_fallback(&response, buf.as_mut_ptr() as usize, len, 1)
+                            .await
                     };
-                    read.and_then(|()| self.check_read(key, &response, asked, &buf))
-                        .map(|()| buf)
+                    read.and_then(|()| {
+                        // SAFETY: the read succeeded, so the engine wrote all `len` bytes.
+                        unsafe { buf.set_len(len) };
+                        self.check_read(key, &response, asked, &buf)
+                    })
+                    .map(|()| buf)
                 }
             };
             results.push(outcome);
@@ -951,7 +962,8 @@ impl StoreClient {
                             .stats
                             .replica_fallbacks
                             .fetch_add(1, Ordering::Relaxed);
-                        self.read_with_fallback(&response, out, 1).await
+                        self.read_with_fallback(&response, out.as_mut_ptr() as usize, out.len(), 1)
+                            .await
                     };
                     read.and_then(|()| self.check_read(key, &response, asked, out))
                         .map(|()| size)
@@ -993,26 +1005,27 @@ impl StoreClient {
         asked: Instant,
         out: &mut [u8],
     ) -> Result<(), StoreError> {
-        self.read_with_fallback(response, out, 0).await?;
+        self.read_with_fallback(response, out.as_mut_ptr() as usize, out.len(), 0)
+            .await?;
         self.check_read(key, response, asked, out)
     }
 
     /// Reads from the replicas in preference order, starting at position `skip`, until one works.
+    ///
+    /// `[addr, addr + len)` must be writable memory the caller owns for the whole call (it may be
+    /// uninitialized: it is only written, by the transfer engine, and a success means every byte
+    /// was written).
     async fn read_with_fallback(
         &self,
         response: &GetReplicaListResponse,
-        out: &mut [u8],
+        addr: usize,
+        len: usize,
         skip: usize,
     ) -> Result<(), StoreError> {
         let order = self.replica_order(&response.replicas);
         let mut last_error = None;
         for &i in order.iter().skip(skip) {
-            let plan = [(
-                0usize,
-                out.as_mut_ptr() as usize,
-                out.len(),
-                response.replicas[i].clone(),
-            )];
+            let plan = [(0usize, addr, len, response.replicas[i].clone())];
             match self.read_planned(&plan).await.remove(&0) {
                 Some(Ok(())) => return Ok(()),
                 Some(Err(error)) => {
@@ -1308,6 +1321,10 @@ impl StoreClient {
         first_error.map_or(Ok(()), Err)
     }
 }
+
+/// A batch get's destination (capacity reserved, length set once filled), its size, and where
+/// to read it from.
+type PendingRead = (Vec<u8>, usize, GetReplicaListResponse);
 
 /// Registrations made for one operation; dropping them unregisters, waiting out transfers.
 struct Pins<'a> {
