@@ -239,6 +239,9 @@ impl Store {
             local_buffer_size: params.local_buffer_size,
             protocol: "tcp".to_string(),
             tenant: tenant.clone(),
+            verify_checksums: std::env::var("MC_RS_VERIFY_CHECKSUMS")
+                .map(|v| !matches!(v.trim(), "0" | "false" | "off" | "no"))
+                .unwrap_or(true),
             ..StoreConfig::default()
         };
         let outcome = py.allow_threads(move || {
