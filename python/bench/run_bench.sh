@@ -62,6 +62,6 @@ if [ "$UPSTREAM" = 1 ] && [ -x "$UPSTREAM_VENV/bin/python" ]; then
   VENV="$UPSTREAM_VENV" SECONDS_PER_CASE="$SECS" bash "$PEER/run_upstream.sh" --no-redis \
     --no-nomemcpy --no-probe --out "$OUT/upstream" -- "${EXTRA[@]}" >/dev/null || rc=$?
   cat "$OUT/upstream/upstream_results.txt"
-  "$PY" "$HERE/ratios.py" "$OUT/upstream/upstream.json" "$OUT/rs.json" | tee "$OUT/ratios.txt"
+  "$PY" "$HERE/ratios.py" "$OUT/rs.json" "$OUT/upstream/upstream.json" "$PEER/reference/upstream_results.txt" | tee "$OUT/ratios.md"
 fi
 exit $rc
