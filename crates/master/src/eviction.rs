@@ -160,15 +160,21 @@ impl MasterService {
     }
 
     fn census(&self, only: Option<Tenant<'_>>, now_ms: u64) -> Census {
-        let mut c = Census::default();
+        let hint = self.census_hint.load(Ordering::Relaxed);
+        let mut c = Census {
+            base: 0,
+            plain: Vec::with_capacity(hint),
+            soft: Vec::new(),
+        };
         for i in 0..SHARD_COUNT {
             let shard = self.index.shard_at(i).read();
             for (tenant, state) in shard.tenants() {
                 if only.is_some_and(|t| t != tenant) {
                     continue;
                 }
-                state.prefetch_all();
+                let mut ahead = state.ahead();
                 for entry in state.objects.iter() {
+                    ahead.step();
                     let m = &entry.meta;
                     if m.has(FLAG_HARD_PIN) || !m.replicas.iter().any(Replica::is_evictable) {
                         continue;
@@ -190,11 +196,13 @@ impl MasterService {
     /// Groups of one tenant state that may be evicted in this pass: every member admitted and at
     /// least one chosen. Built only when the state holds grouped objects.
     fn group_verdicts(
+        &self,
         state: &TenantState,
         sel: &mut Selection,
         now_ms: u64,
     ) -> Option<HashMap<Box<str>, bool>> {
-        if !state.objects.iter().any(|e| e.meta.group().is_some()) {
+        // Every grouped object has a route, so no route means no group anywhere (no scan).
+        if self.routes.len() == 0 || !state.objects.iter().any(|e| e.meta.group().is_some()) {
             return None;
         }
         // group → (all admitted, oldest access)
@@ -237,9 +245,10 @@ impl MasterService {
                 if only.is_some_and(|t| t != tenant) {
                     continue;
                 }
-                state.prefetch_all();
-                let verdicts = Self::group_verdicts(state, &mut sel, now_ms);
+                let verdicts = self.group_verdicts(state, &mut sel, now_ms);
+                let mut ahead = state.ahead();
                 state.objects.retain(|entry| {
+                    ahead.step();
                     let m = &mut entry.meta;
                     let chosen = match m.group() {
                         Some(g) => verdicts
@@ -248,9 +257,13 @@ impl MasterService {
                             .copied()
                             .unwrap_or(false),
                         None => {
+                            // The access time first: most objects are newer than the cut-off
+                            // and need no further look.
+                            let access = m.last_access_ms.load(Ordering::Relaxed);
                             res.objects < max_objects
+                                && access <= sel.cut_off_ms
                                 && classify(m, now_ms).is_some_and(|(c, _)| sel.admits(c))
-                                && sel.choose(m.last_access_ms.load(Ordering::Relaxed))
+                                && sel.choose(access)
                         }
                     };
                     if !chosen {
@@ -291,6 +304,10 @@ impl MasterService {
         let target = ratio.max(usage - hw + ratio);
         let lowerbound = (target * 0.5).max(usage - hw).min(target);
         let mut census = self.census(None, now);
+        self.census_hint.store(
+            census.plain.len() + census.plain.len() / 8,
+            Ordering::Relaxed,
+        );
         report.evictable_objects = census.base;
         report.candidates = census.plain.len() + census.soft.len();
         if census.base == 0 {

@@ -186,26 +186,52 @@ impl TenantState {
         self.objects.len()
     }
 
-    /// Asks the CPU to start loading every entry of this table (non-blocking hints), so that a
-    /// following full walk (eviction census and passes, unmount sweeps) finds them in cache
-    /// instead of paying one memory round trip per boxed entry in sequence.
-    pub fn prefetch_all(&self) {
-        for e in self.objects.iter() {
-            prefetch(e);
+    /// A prefetch plan for one walk over this table: the entries' addresses in iteration order
+    /// (`iter` and `retain` visit the table in the same order). Call [`Ahead::step`] once per
+    /// visited entry: it asks the CPU to load the entry `AHEAD` places further, so the walk does
+    /// not pay one memory round trip per boxed entry in sequence.
+    pub fn ahead(&self) -> Ahead {
+        let addrs: Vec<usize> = self
+            .objects
+            .iter()
+            .map(|e| &**e as *const ObjectEntry as usize)
+            .collect();
+        for &a in addrs.iter().take(AHEAD) {
+            prefetch(a);
         }
+        Ahead { addrs, next: 0 }
+    }
+}
+
+/// How many entries ahead a walk prefetches.
+const AHEAD: usize = 8;
+
+/// See [`TenantState::ahead`].
+pub(crate) struct Ahead {
+    addrs: Vec<usize>,
+    next: usize,
+}
+
+impl Ahead {
+    #[inline(always)]
+    pub fn step(&mut self) {
+        if let Some(&a) = self.addrs.get(self.next + AHEAD) {
+            prefetch(a);
+        }
+        self.next += 1;
     }
 }
 
 /// Prefetch hint for the cache lines of one entry; no effect on program state.
 #[inline(always)]
-fn prefetch(entry: &ObjectEntry) {
+fn prefetch(addr: usize) {
     #[cfg(target_arch = "x86_64")]
     {
         use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
-        let p = (entry as *const ObjectEntry).cast::<i8>();
+        let p = addr as *const i8;
         // SAFETY: SSE is part of the x86_64 baseline, so the instruction exists; a prefetch
-        // never faults, reads or writes nothing observable, and the addresses lie inside the
-        // entry (160 bytes, so offsets 0, 64 and 128 are in bounds).
+        // never faults (even on an address that is no longer mapped) and reads or writes
+        // nothing observable; the addresses are those of a boxed entry (160 bytes).
         unsafe {
             _mm_prefetch::<_MM_HINT_T0>(p);
             _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(64));
@@ -213,7 +239,7 @@ fn prefetch(entry: &ObjectEntry) {
         }
     }
     #[cfg(not(target_arch = "x86_64"))]
-    let _ = entry;
+    let _ = addr;
 }
 
 /// One shard: the default tenant inline (the common case costs no tenant lookup), others in a map.

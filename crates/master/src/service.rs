@@ -88,6 +88,8 @@ pub struct MasterService {
     pub(crate) tasks: Mutex<TaskManager>,
     /// Serializes eviction cycles (the 10 ms loop and tenant-scoped eviction).
     pub(crate) eviction_lock: Mutex<()>,
+    /// Candidate count of the last global census (capacity hint for the next one).
+    pub(crate) census_hint: std::sync::atomic::AtomicUsize,
 }
 
 impl fmt::Debug for MasterService {
@@ -117,6 +119,7 @@ impl MasterService {
             clients: ClientMonitor::default(),
             tasks: Mutex::new(TaskManager::default()),
             eviction_lock: Mutex::new(()),
+            census_hint: std::sync::atomic::AtomicUsize::new(0),
         })
     }
 
@@ -312,8 +315,9 @@ impl MasterService {
         for i in 0..SHARD_COUNT {
             let mut shard = self.index.shard_at(i).write();
             for (_, state) in shard.tenants_mut() {
-                state.prefetch_all();
+                let mut ahead = state.ahead();
                 state.objects.retain(|entry| {
+                    ahead.step();
                     let meta = &mut entry.meta;
                     meta.retain_replicas(|r| !r.is_complete() || r.is_valid());
                     let keep = meta.is_valid();
