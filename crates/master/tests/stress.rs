@@ -1,6 +1,7 @@
-//! Concurrent stress: writer/reader/remover threads on overlapping keys, plus a thread that
-//! unmounts and re-mounts a segment and one that moves the clock and runs the background steps,
-//! for a bounded time. Afterwards: every segment's `used` equals the sum of its live buffers,
+//! Concurrent stress: writer/reader/remover/upserter/copier threads on overlapping keys, plus a
+//! thread that unmounts and re-mounts a segment, a client that repeatedly dies (stops pinging)
+//! and re-mounts, and one that moves the clock and runs the background steps (put timeouts,
+//! soft-pin expiry, eviction, client monitor, task cleanup), for a bounded time. Afterwards: every segment's `used` equals the sum of its live buffers,
 //! nothing overlaps, cleaning everything up returns every byte, and no thread is stuck.
 #![allow(clippy::unwrap_used)]
 
@@ -49,9 +50,39 @@ fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
                             let _ = m.put_end(me, &ObjectMeta::new(&key), ReplicaType::ALL, "");
                         }
                     }
-                    3 => {
-                        let _ = m.put_revoke(me, &key, ReplicaType::ALL, "");
-                    }
+                    3 => match rng.u8(..3) {
+                        0 => {
+                            let _ = m.put_revoke(me, &key, ReplicaType::ALL, "");
+                        }
+                        1 => {
+                            if m.upsert_start(me, &key, rng.u64(1..2048), &cfg(2), "")
+                                .is_ok()
+                            {
+                                let _ =
+                                    m.upsert_end(me, &ObjectMeta::new(&key), ReplicaType::ALL, "");
+                            }
+                        }
+                        _ => {
+                            // Copy from wherever the object lives to a random segment.
+                            let src = m.get_replica_list(&key, "").ok().and_then(|r| {
+                                r.replicas.first().and_then(|d| {
+                                    d.memory().map(|x| {
+                                        x.transport_endpoint.trim_start_matches("ep-").to_string()
+                                    })
+                                })
+                            });
+                            if let Some(src) = src {
+                                let tgt = vec![format!("s{}", rng.u64(1..=5))];
+                                if m.copy_start(me, &key, "", &src, &tgt).is_ok() {
+                                    let _ = if rng.bool() {
+                                        m.copy_end(me, &key, "")
+                                    } else {
+                                        m.copy_revoke(me, &key, "")
+                                    };
+                                }
+                            }
+                        }
+                    },
                     4 => {
                         let _ = m.get_replica_list(&key, "");
                     }
@@ -97,14 +128,37 @@ fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
         }));
     }
     {
+        // A client that lives for a while, stops pinging (dies), then re-mounts.
+        let (m, stop, done) = (m.clone(), stop.clone(), done_tx.clone());
+        threads.push(std::thread::spawn(move || {
+            let s5 = seg(5, "s5", 64 * 1024);
+            let mut i = 0u64;
+            while !stop.load(Ordering::Relaxed) {
+                if i.is_multiple_of(40) {
+                    let _ = m.remount_segments(std::slice::from_ref(&s5), C2);
+                }
+                if i % 40 < 20 {
+                    let _ = m.ping(C2);
+                }
+                i += 1;
+                std::thread::sleep(Duration::from_millis(1));
+            }
+            done.send("mortal client").unwrap();
+        }));
+    }
+    {
         // Time and background steps.
         let (m, clock, stop, done) = (m.clone(), clock.clone(), stop.clone(), done_tx.clone());
         threads.push(std::thread::spawn(move || {
             while !stop.load(Ordering::Relaxed) {
                 clock.advance(997);
+                m.ping(C1).unwrap();
                 m.run_put_timeouts_once();
                 m.run_soft_pin_expiry_once();
                 m.release_discarded_once();
+                m.run_eviction_once();
+                m.run_client_monitor_once();
+                m.run_task_cleanup_once();
                 std::thread::sleep(Duration::from_millis(2));
             }
             done.send("clock").unwrap();
@@ -140,7 +194,7 @@ fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
 
     let report = m.check_accounting();
     assert!(report.problems.is_empty(), "{:#?}", report.problems);
-    assert_eq!(report.segments_checked, 4);
+    assert!(report.segments_checked >= 4, "{}", report.segments_checked);
 
     // Clean everything: complete objects by force, in-flight puts by the reaper.
     m.remove_all(true, "");
