@@ -228,6 +228,32 @@ impl SegmentAllocator {
         })
     }
 
+    /// Frees many ranges under one lock: sorted by offset, touching ranges merged first, so a
+    /// run of neighbouring buffers (typical when the oldest objects are evicted) costs one
+    /// free-list update. Every range must come from a handle of this allocator given up with
+    /// [`BufferHandle::into_range`].
+    pub(crate) fn release_many(&self, ranges: &mut [(u64, u64)]) {
+        if ranges.is_empty() {
+            return;
+        }
+        ranges.sort_unstable();
+        let total: u64 = ranges.iter().map(|r| r.1).sum();
+        let mut free = self.free.lock();
+        let (mut start, mut len) = ranges[0];
+        for &(o, l) in &ranges[1..] {
+            if start + len == o {
+                len += l;
+            } else {
+                free.give_back(start, len);
+                (start, len) = (o, l);
+            }
+        }
+        free.give_back(start, len);
+        self.used_bytes.fetch_sub(total, Ordering::Relaxed);
+        self.live_buffers
+            .fetch_sub(ranges.len() as u64, Ordering::Relaxed);
+    }
+
     fn release(&self, offset: u64, len: u64) {
         let mut free = self.free.lock();
         free.give_back(offset, len);
@@ -308,6 +334,15 @@ impl BufferHandle {
     pub fn is_empty(&self) -> bool {
         self.len == 0
     }
+
+    /// Gives the range up without freeing it: the caller frees it later with
+    /// [`SegmentAllocator::release_many`] (if the allocator still lives then). Returns the
+    /// allocator reference (weak, so an unmount in between still kills it), offset and length.
+    pub(crate) fn into_range(mut self) -> (Weak<SegmentAllocator>, u64, u64) {
+        // The handle's Drop then sees a dangling Weak and frees nothing.
+        let allocator = std::mem::take(&mut self.allocator);
+        (allocator, self.offset, self.len)
+    }
 }
 
 impl fmt::Debug for BufferHandle {
@@ -342,6 +377,38 @@ mod tests {
             base: 0x1000,
             capacity,
         }
+    }
+
+    #[test]
+    fn batched_release_merges_neighbours_and_is_exact() {
+        let a = SegmentAllocator::new(info(100));
+        let hs: Vec<BufferHandle> = (0..5).map(|_| a.allocate(20).unwrap()).collect();
+        assert_eq!(a.used_bytes(), 100);
+        // Give up buffers 0, 1, 3 (out of order): 0 and 1 touch, 3 stands alone.
+        let mut it = hs.into_iter();
+        let (h0, h1, h2, h3, h4) = (
+            it.next().unwrap(),
+            it.next().unwrap(),
+            it.next().unwrap(),
+            it.next().unwrap(),
+            it.next().unwrap(),
+        );
+        let mut ranges: Vec<(u64, u64)> = [h3, h0, h1]
+            .into_iter()
+            .map(|h| {
+                let (w, o, l) = h.into_range();
+                assert!(std::ptr::eq(w.as_ptr(), Arc::as_ptr(&a)));
+                (o, l)
+            })
+            .collect();
+        assert_eq!(a.used_bytes(), 100, "into_range frees nothing");
+        a.release_many(&mut ranges);
+        assert_eq!(a.used_bytes(), 40);
+        assert_eq!(a.live_buffers(), 2);
+        assert_eq!(a.free_ranges(), vec![(0, 40), (60, 20)]);
+        drop((h2, h4));
+        assert_eq!(a.free_ranges(), vec![(0, 100)]);
+        assert_eq!(a.used_bytes(), 0);
     }
 
     #[test]

@@ -26,9 +26,12 @@
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
+use std::sync::Weak;
+
+use crate::allocator::SegmentAllocator;
 
 use crate::index::{Tenant, TenantState, SHARD_COUNT};
-use crate::object::{ObjectMetadata, Replica, FLAG_HARD_PIN};
+use crate::object::{ObjectMetadata, Replica, ReplicaData, FLAG_HARD_PIN};
 use crate::service::MasterService;
 
 /// What one eviction cycle did.
@@ -55,6 +58,10 @@ enum Class {
     Plain,
     Soft,
 }
+
+/// Evicted buffers are freed in batches of this many (sorted, merged), so that memory returns
+/// within the cycle without one free-list update per buffer.
+const FREE_BATCH: usize = 4096;
 
 /// `(last_access_ms, evictable bytes)` per candidate.
 type Candidates = Vec<(u64, u64)>;
@@ -236,6 +243,8 @@ impl MasterService {
         max_objects: usize,
     ) -> PassResult {
         let mut res = PassResult::default();
+        // Evicted buffers, freed in batches per segment (sorted and merged) after each shard.
+        let mut freed: Vec<(Weak<SegmentAllocator>, u64, u64)> = Vec::new();
         for i in 0..SHARD_COUNT {
             if res.objects >= max_objects {
                 break;
@@ -271,7 +280,11 @@ impl MasterService {
                     }
                     let soft = m.soft_pinned(now_ms);
                     let bytes = evictable_bytes(m);
-                    m.retain_replicas(|r| !r.is_evictable());
+                    for r in m.extract_replicas(Replica::is_evictable) {
+                        if let ReplicaData::Memory(h) = r.data {
+                            freed.push(h.into_range());
+                        }
+                    }
                     res.objects += 1;
                     res.soft += usize::from(soft);
                     res.bytes += bytes;
@@ -279,8 +292,35 @@ impl MasterService {
                 });
             }
             shard.others.retain(|_, s| s.len() > 0);
+            drop(shard);
+            if freed.len() >= FREE_BATCH {
+                Self::free_batch(&mut freed);
+            }
         }
+        Self::free_batch(&mut freed);
         res
+    }
+
+    /// Frees evicted ranges grouped by segment; ranges of a segment unmounted meanwhile are
+    /// dropped (they hold nothing any more).
+    fn free_batch(freed: &mut Vec<(Weak<SegmentAllocator>, u64, u64)>) {
+        freed.sort_unstable_by_key(|(a, o, _)| (a.as_ptr() as usize, *o));
+        let mut i = 0;
+        let mut ranges = Vec::new();
+        while i < freed.len() {
+            let ptr = freed[i].0.as_ptr();
+            ranges.clear();
+            let mut j = i;
+            while j < freed.len() && freed[j].0.as_ptr() == ptr {
+                ranges.push((freed[j].1, freed[j].2));
+                j += 1;
+            }
+            if let Some(a) = freed[i].0.upgrade() {
+                a.release_many(&mut ranges);
+            }
+            i = j;
+        }
+        freed.clear();
     }
 
     /// One eviction cycle (see the module doc). Cheap when nothing triggers it: one read of the
