@@ -38,6 +38,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         .enable_all()
         .build()?;
     runtime.block_on(async move {
+        // Handlers first: a signal that arrives as soon as the endpoint line is out must still
+        // unmount instead of killing the process.
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        let mut interrupt =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
         let config = StoreConfig {
             master_addr: args.master.clone(),
             local_hostname: args.host.clone(),
@@ -56,10 +62,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             client.client_id()
         );
         std::io::stdout().flush()?;
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
+            _ = interrupt.recv() => {}
             _ = terminate.recv() => {}
         }
         tracing::info!("shutting down: unmounting");
