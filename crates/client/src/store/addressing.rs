@@ -39,6 +39,9 @@ mod tests {
             split_address(base + MAX_SEGMENT_BYTES - 1),
             (7, MAX_SEGMENT_BYTES - 1)
         );
+        // The fixed example of docs/client.md: segment 7, offset 12345.
+        assert_eq!(base + 12345, 0x0000_0700_0000_3039);
+        assert_eq!(split_address(0x0000_0700_0000_3039), (7, 12345));
         assert_eq!(segment_base(0), None);
         assert_eq!(segment_base(1 << 24), None);
     }
