@@ -507,29 +507,35 @@ fn eviction_makes_room_in_a_full_store() {
             .unwrap();
         mc.remount_segments(vec![], me).await.unwrap();
         // 8 MiB of 4 KiB objects into a 1 MiB store.
-        let mut stored = 0;
+        // A put that finds the store full is refused with NO_AVAILABLE_HANDLE and flags the
+        // eviction loop (10 ms); the retry then finds room. Every key must get in.
         let mut refused = 0;
         for i in 0..2048 {
             let key = format!("evict-{i}");
-            match mc
-                .put_start(me, &key, 4096, &ReplicateConfig::default(), "")
-                .await
-            {
-                Ok(_) => {
-                    mc.put_end(me, ObjectMeta::new(key), "").await.unwrap();
-                    stored += 1;
-                }
-                Err(e) => {
-                    assert_eq!(e.code(), ErrorCode::NO_AVAILABLE_HANDLE);
-                    refused += 1;
-                    tokio::time::sleep(Duration::from_millis(20)).await;
+            let mut attempts = 0;
+            loop {
+                match mc
+                    .put_start(me, &key, 4096, &ReplicateConfig::default(), "")
+                    .await
+                {
+                    Ok(_) => {
+                        mc.put_end(me, ObjectMeta::new(key.clone()), "")
+                            .await
+                            .unwrap();
+                        break;
+                    }
+                    Err(e) => {
+                        assert_eq!(e.code(), ErrorCode::NO_AVAILABLE_HANDLE);
+                        refused += 1;
+                        attempts += 1;
+                        assert!(attempts < 200, "{key}: the store stayed full for 2 s");
+                        tokio::time::sleep(Duration::from_millis(10)).await;
+                    }
                 }
             }
         }
-        assert!(
-            stored >= 1900,
-            "only {stored} of 2048 puts succeeded ({refused} refused)"
-        );
+        // Eviction frees in steps of eviction_ratio, so refusals are a small fraction of puts.
+        assert!(refused < 1024, "{refused} refusals for 2048 puts");
         // The newest objects are there, the oldest were evicted first.
         assert!(mc.exist_key("evict-2047", "").await.unwrap());
         assert!(!mc.exist_key("evict-0", "").await.unwrap());
@@ -547,7 +553,14 @@ fn eviction_makes_room_in_a_full_store() {
         .find_map(|l| l.strip_prefix("master_evicted_keys_total "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap();
-    assert!(evicted >= 1500.0, "only {evicted} evictions counted: {}", body.lines().filter(|l| l.contains("evict")).collect::<Vec<_>>().join("\n"));
+    assert!(
+        evicted >= 1500.0,
+        "only {evicted} evictions counted: {}",
+        body.lines()
+            .filter(|l| l.contains("evict"))
+            .collect::<Vec<_>>()
+            .join("\n")
+    );
 }
 
 #[test]
