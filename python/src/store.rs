@@ -239,6 +239,10 @@ impl Store {
             local_buffer_size: params.local_buffer_size,
             protocol: "tcp".to_string(),
             tenant: tenant.clone(),
+            transport: std::env::var("MC_RS_TRANSPORT")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .unwrap_or_default(),
             verify_checksums: std::env::var("MC_RS_VERIFY_CHECKSUMS")
                 .map(|v| !matches!(v.trim(), "0" | "false" | "off" | "no"))
                 .unwrap_or(true),

@@ -268,13 +268,26 @@ def test_config_reaches_the_master(store, key):
     assert store.get(key + "/g") == b"grouped!"
 
 
-def test_batch_replica_clear(store, key):
-    assert store.put(key, b"v") == 0
-    cleared = store.batch_replica_clear([key], store.get_hostname())
-    assert isinstance(cleared, list)
-    assert all(k == key for k in cleared)
-    if cleared:
-        assert store.is_exist(key) == 0
+def test_batch_replica_clear(master, store, key):
+    """Clears this client's replicas whose lease has expired; skips leased keys, other clients'
+    keys and missing keys."""
+    from conftest import make_store
+    other = make_store(master.addr, segment=0)
+    try:
+        assert store.put(key + "/mine", b"v") == 0
+        assert store.put(key + "/leased", b"v") == 0
+        assert store.is_exist(key + "/leased") == 1  # read lease now held
+        assert other.put(key + "/theirs", b"v") == 0
+        cleared = store.batch_replica_clear(
+            [key + "/mine", key + "/leased", key + "/theirs", key + "/missing"],
+            store.get_hostname())
+        assert cleared == [key + "/mine"]
+        assert store.batch_is_exist([key + "/mine", key + "/leased", key + "/theirs"]) == [0, 1, 1]
+        assert store.put(key + "/all", b"v") == 0
+        assert store.batch_replica_clear([key + "/all"]) == [key + "/all"]  # "" = whole object
+    finally:
+        other.remove_all(force=True)
+        other.close()
 
 
 def test_upsert_family_reports_not_supported(store, key):

@@ -75,27 +75,32 @@ def test_put_of_a_key_being_written_by_another_client_returns_0_and_first_write_
     without writing. After the owner resumes, the first write is what everybody reads."""
     m = Master()
     owner = Peer(m.addr, "32MB")
-    writer = make_store(m.addr, segment=0)
-    other = make_store(m.addr, segment=0)
+    # TCP only, so the writer's transfer waits on the stopped owner's answer (no shared-memory
+    # path that could complete without the owner running).
+    os.environ["MC_RS_TRANSPORT"] = "tcp"
+    try:
+        writer = make_store(m.addr, segment=0)
+        other = make_store(m.addr, segment=0)
+    finally:
+        del os.environ["MC_RS_TRANSPORT"]
     value = b"first" * 200000  # 1 MB
     result = {}
     try:
         owner.proc.send_signal(signal.SIGSTOP)
         t = threading.Thread(target=lambda: result.setdefault("rc", writer.put(key, value)))
         t.start()
-        deadline = time.monotonic() + 5
-        in_flight_seen = False
-        while time.monotonic() < deadline and t.is_alive():
-            if other.is_exist(key) == 0 and t.is_alive():
-                in_flight_seen = True
-                break
-            time.sleep(0.01)
-        assert in_flight_seen and t.is_alive(), "the first put finished before the check"
+        time.sleep(0.5)  # let the writer's PutStart reach the master (its transfer then hangs)
+        assert t.is_alive(), "the first put finished before the check"
+        assert other.is_exist(key) == 0
+        t0 = time.monotonic()
         assert other.put(key, b"second") == 0  # in flight elsewhere: 0, nothing written
         buf = (ctypes.c_ubyte * 16)()
         assert other.put_from(key, ctypes.addressof(buf), 16) == 0
         assert other.batch_put_from([key], [ctypes.addressof(buf)], [16]) == [0]
         assert other.put_parts(key, b"x", b"y") == 0
+        # Answered by the master at PutStart: an allocation would have hung on the stopped owner.
+        assert time.monotonic() - t0 < 5
+        assert t.is_alive()
         assert other.is_exist(key) == 0
         owner.proc.send_signal(signal.SIGCONT)
         t.join(40)

@@ -115,3 +115,24 @@ def test_health_check_reports_a_dead_master(key):
     finally:
         m.stop()
         s.close()
+
+
+def test_rdma_falls_back_to_tcp_with_a_warning(master, key, caplog):
+    s = MooncakeDistributedStore()
+    with caplog.at_level("WARNING", logger="mooncake_rs"):
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "rdma", "", master.addr) == 0
+    assert any("rdma" in r.getMessage() for r in caplog.records)
+    assert s.put(key, b"over tcp") == 0 and s.get(key) == b"over tcp"
+    assert s.close() == 0
+
+
+def test_setup_config_keyword(master, key):
+    a = MooncakeDistributedStore()
+    assert a.setup(config={"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
+                           "global_segment_size": "16 MB", "master_server_addr": master.addr,
+                           "tenant_id": "default"}) == 0
+    try:
+        assert a.put(key, b"v") == 0 and a.get(key) == b"v"
+    finally:
+        a.remove_all(force=True)
+        a.close()
