@@ -136,3 +136,22 @@ def test_setup_config_keyword(master, key):
     finally:
         a.remove_all(force=True)
         a.close()
+
+
+def test_master_that_accepts_but_never_answers_fails_within_seconds():
+    import socket
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)
+    addr = "127.0.0.1:%d" % silent.getsockname()[1]
+    s = MooncakeDistributedStore()
+    try:
+        t0 = time.monotonic()
+        rc = s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", addr)
+        elapsed = time.monotonic() - t0
+        assert rc < 0
+        assert elapsed < 15, elapsed
+        assert s.health_check() == 1
+    finally:
+        silent.close()
+        s.close()
