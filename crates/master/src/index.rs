@@ -137,6 +137,15 @@ impl Routes {
     pub fn len(&self) -> usize {
         self.len.load(std::sync::atomic::Ordering::Acquire)
     }
+
+    /// Every route's `(tenant, key)` (for the stale-route collector).
+    pub fn keys(&self) -> Vec<(Option<TenantId>, Box<str>)> {
+        self.table
+            .read()
+            .iter()
+            .map(|r| (r.tenant.clone(), r.key.clone()))
+            .collect()
+    }
 }
 
 pub(crate) fn shard_of(hash: u64) -> usize {

@@ -9,7 +9,7 @@ use mooncake_common::{
 };
 use smallvec::SmallVec;
 
-use crate::index::{group_hash, key_hash, routed, Tenant};
+use crate::index::{group_hash, key_hash, routed, shard_of, Tenant};
 use crate::object::{
     ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Replica, ReplicaData,
     FLAG_HARD_PIN, FLAG_PROCESSING,
@@ -147,8 +147,8 @@ impl MasterService {
         let mut carried_hard_pin = false;
         let mut carried_soft_pin_ms = 0;
 
+        let mut shard = self.index.shard(old_hash).write();
         {
-            let mut shard = self.index.shard(old_hash).write();
             if let Some(state) = shard.tenant_mut(tenant) {
                 let mut erase = false;
                 if let Some(entry) = state.find_mut(old_hash, key) {
@@ -216,6 +216,15 @@ impl MasterService {
                 }
             }
         }
+        // Common case (no quota, same shard): keep the shard locked through allocation and
+        // insertion, one lock round trip as before. With a quota the lock is released, because
+        // a deficit runs tenant-scoped eviction, which walks the shards.
+        let mut held = if account.is_none() && shard_of(old_hash) == shard_of(new_hash) {
+            Some(shard)
+        } else {
+            drop(shard);
+            None
+        };
         if group.is_some() || old_hash != own_hash {
             self.routes
                 .set(tenant, key, own_hash, group.map(group_hash));
@@ -319,7 +328,10 @@ impl MasterService {
                 replicas,
             },
         });
-        let mut shard = self.index.shard(new_hash).write();
+        let mut shard = match held.take() {
+            Some(guard) => guard,
+            None => self.index.shard(new_hash).write(),
+        };
         let state = shard.tenant_or_insert(tenant);
         if state.find(new_hash, key).is_some() {
             // Cannot happen while the stripe is held; refuse rather than overwrite.

@@ -56,6 +56,8 @@ pub struct PutTimeoutReport {
     pub released_replicas: usize,
     /// Copy/move tasks older than the release timeout that were revoked.
     pub reaped_tasks: usize,
+    /// Group routes of erased keys that were collected.
+    pub dropped_routes: usize,
 }
 
 /// Result of [`MasterService::check_accounting`]: what was found wrong (empty = consistent).
@@ -362,8 +364,8 @@ impl MasterService {
 
     /// The put-timeout reaper: every put whose `put_start + release_timeout` has passed loses its
     /// PROCESSING replicas to the discarded list (freed at once, their time having come) and
-    /// leaves processing; objects left with nothing valid are erased. Then frees due discarded
-    /// buffers.
+    /// leaves processing; objects left with nothing valid are erased; copy/move tasks as old are
+    /// revoked. Then frees due discarded buffers and collects stale group routes.
     pub fn run_put_timeouts_once(&self) -> PutTimeoutReport {
         let now = self.clock.now_ms();
         let release_ms = self.config.release_timeout_ms();
@@ -399,7 +401,42 @@ impl MasterService {
             shard.others.retain(|_, s| s.len() > 0);
         }
         report.released_replicas = self.release_discarded_once();
+        report.dropped_routes = self.run_route_gc_once();
         report
+    }
+
+    /// Drops the group routes of keys whose object is gone (removal drops the membership; the
+    /// route itself is collected here, under each key's stripe so that a concurrent start of the
+    /// key cannot be cut off from its route). Returns how many routes were dropped. Cheap when no
+    /// key is grouped.
+    pub fn run_route_gc_once(&self) -> usize {
+        if self.routes.len() == 0 {
+            return 0;
+        }
+        let mut dropped = 0;
+        for (tenant_id, key) in self.routes.keys() {
+            let tenant = tenant_id
+                .as_ref()
+                .map_or(Tenant::Default, |t| Tenant::Named(t.as_str()));
+            let own = crate::index::key_hash(tenant, &key);
+            let _stripe = self.index.stripe(own).lock();
+            let Some(g) = self.routes.lookup(tenant, &key, own) else {
+                continue;
+            };
+            let hash = crate::index::routed(own, g);
+            let present = self
+                .index
+                .shard(hash)
+                .read()
+                .tenant(tenant)
+                .and_then(|s| s.find(hash, &key))
+                .is_some();
+            if !present {
+                self.routes.set(tenant, &key, own, None);
+                dropped += 1;
+            }
+        }
+        dropped
     }
 
     /// Clears soft pins whose deadline has passed (the heap pops in deadline order). Returns how

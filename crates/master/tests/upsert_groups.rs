@@ -225,6 +225,17 @@ fn grouped_keys_live_in_the_group_shard_and_every_key_call_finds_them() {
         .unwrap()
         .group
         .is_none());
+    // The routes of the removed members are collected by the reaper's route collector.
+    assert_eq!(
+        m.grouped_key_count(),
+        19,
+        "stale routes are harmless until collected"
+    );
+    assert_eq!(m.run_put_timeouts_once().dropped_routes, 2);
+    assert_eq!(m.grouped_key_count(), 17);
+    for k in &members[1..3] {
+        assert_eq!(m.get_replica_list(k, ""), Err(ErrorCode::OBJECT_NOT_FOUND));
+    }
     // A live grouped key cannot be put again.
     assert_eq!(
         m.put_start(C1, &members[5], 10, &cfg(1), ""),
