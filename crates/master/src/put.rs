@@ -140,7 +140,7 @@ impl MasterService {
         let _stripe = self.index.stripe(own_hash).lock();
         let account = self.tenant_account(tenant)?;
         let group = args.group.filter(|g| !g.is_empty());
-        let old_hash = self.route(tenant, key);
+        let old_hash = self.route_from(tenant, key, own_hash);
         let new_hash = group.map_or(own_hash, |g| routed(own_hash, group_hash(g)));
         let now = self.clock.now_ms();
         let release_ms = self.config.release_timeout_ms();

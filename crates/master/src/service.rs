@@ -127,7 +127,11 @@ impl MasterService {
 
     /// The routing hash of `key`: its own, or with its group's shard bits when it is grouped.
     pub(crate) fn route(&self, tenant: Tenant<'_>, key: &str) -> u64 {
-        let h = crate::index::key_hash(tenant, key);
+        self.route_from(tenant, key, crate::index::key_hash(tenant, key))
+    }
+
+    /// [`MasterService::route`] given the key's own hash.
+    pub(crate) fn route_from(&self, tenant: Tenant<'_>, key: &str, h: u64) -> u64 {
         match self.routes.lookup(tenant, key, h) {
             Some(g) => crate::index::routed(h, g),
             None => h,
