@@ -24,7 +24,6 @@ use crate::setup;
 /// Code returned by every call made before `setup` succeeded or after `close`.
 const NOT_READY: i32 = ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS as i32;
 const INVALID: i32 = ErrorCode::INVALID_PARAMS as i32;
-const NOT_SUPPORTED: i32 = ErrorCode::NOT_SUPPORTED as i32;
 
 /// Values above this are copied to Python bytes with the GIL released.
 const GIL_FREE_COPY_BYTES: usize = 64 << 10;
@@ -59,6 +58,13 @@ fn code_of(error: &StoreError) -> i32 {
 fn put_code(result: &Result<PutOutcome, StoreError>) -> i32 {
     match result {
         Ok(PutOutcome::Stored) | Ok(PutOutcome::AlreadyPresent) => 0,
+        Err(error) => code_of(error),
+    }
+}
+
+fn unit_code(result: &Result<(), StoreError>) -> i32 {
+    match result {
+        Ok(()) => 0,
         Err(error) => code_of(error),
     }
 }
@@ -982,70 +988,150 @@ impl Store {
         })
     }
 
-    // ----- upsert (not served yet) -------------------------------------------------------------
+    // ----- upsert ------------------------------------------------------------------------------
 
-    /// Insert-or-update. NOT SUPPORTED YET: our client and master do not serve upsert, so this
-    /// returns -1012 (NOT_SUPPORTED) and writes nothing. Use remove() + put() meanwhile.
+    /// Insert-or-update: stores `value` under `key`, replacing an existing object (a same-size
+    /// value is rewritten in place; the key is unreadable until the write ends). 0 or a
+    /// negative code (-714 OBJECT_REPLICA_BUSY while another write of the key is in flight).
     #[pyo3(signature = (key, value, config=None))]
     fn upsert(
         &self,
+        py: Python<'_>,
         key: &str,
         value: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> PyResult<i32> {
-        let _ = (key, config);
-        ByteView::new(value)?;
-        Ok(NOT_SUPPORTED)
+        let view = ByteView::new(value)?;
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        let config = config_of(config);
+        let bytes = view.as_slice();
+        Ok(py.allow_threads(|| unit_code(&conn.block_on(conn.client.upsert(key, bytes, &config)))))
     }
 
-    /// NOT SUPPORTED YET (see upsert): returns -1012.
+    /// upsert() of the concatenation of `parts`, without concatenating them first.
     #[pyo3(signature = (key, *parts, config=None))]
     fn upsert_parts(
         &self,
+        py: Python<'_>,
         key: &str,
         parts: &Bound<'_, PyTuple>,
         config: Option<PyRef<'_, ReplicateConfig>>,
-    ) -> i32 {
-        let _ = (key, parts, config);
-        NOT_SUPPORTED
+    ) -> PyResult<i32> {
+        let views = parts
+            .iter()
+            .map(|p| ByteView::new(&p))
+            .collect::<PyResult<Vec<_>>>()?;
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        let config = config_of(config);
+        let slices: Vec<&[u8]> = views.iter().map(|v| v.as_slice()).collect();
+        Ok(py.allow_threads(|| {
+            unit_code(&conn.block_on(conn.client.upsert_parts(key, &slices, &config)))
+        }))
     }
 
-    /// NOT SUPPORTED YET (see upsert): returns -1012.
+    /// upsert() of every `values[i]` under `keys[i]`. 0 when every key succeeded, else the first
+    /// negative code.
     #[pyo3(signature = (keys, values, config=None))]
     fn upsert_batch(
         &self,
+        py: Python<'_>,
         keys: Vec<String>,
         values: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, ReplicateConfig>>,
-    ) -> i32 {
-        let _ = (keys, values, config);
-        NOT_SUPPORTED
+    ) -> PyResult<i32> {
+        let views = values
+            .try_iter()?
+            .map(|v| ByteView::new(&v?))
+            .collect::<PyResult<Vec<_>>>()?;
+        if views.len() != keys.len() {
+            return Ok(INVALID);
+        }
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let config = config_of(config);
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .zip(&views)
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        Ok(py.allow_threads(|| {
+            conn.block_on(conn.client.upsert_batch(&items, &config))
+                .iter()
+                .map(unit_code)
+                .find(|&c| c != 0)
+                .unwrap_or(0)
+        }))
     }
 
-    /// NOT SUPPORTED YET (see upsert): returns -1012.
+    /// upsert() from caller memory `[buffer_ptr, buffer_ptr+size)`.
     #[pyo3(signature = (key, buffer_ptr, size, config=None))]
     fn upsert_from(
         &self,
+        py: Python<'_>,
         key: &str,
         buffer_ptr: usize,
         size: usize,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> i32 {
-        let _ = (key, buffer_ptr, size, config);
-        NOT_SUPPORTED
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        let config = config_of(config);
+        py.allow_threads(|| {
+            // SAFETY: upstream's contract: the caller's range is readable during the call.
+            let bytes = match unsafe { raw_slice(buffer_ptr, size) } {
+                Ok(b) => b,
+                Err(code) => return code,
+            };
+            unit_code(&conn.block_on(conn.client.upsert(key, bytes, &config)))
+        })
     }
 
-    /// NOT SUPPORTED YET (see upsert): -1012 for every key.
+    /// upsert_from() for many keys: one code per key, in order.
     #[pyo3(signature = (keys, buffer_ptrs, sizes, config=None))]
     fn batch_upsert_from(
         &self,
+        py: Python<'_>,
         keys: Vec<String>,
         buffer_ptrs: Vec<usize>,
         sizes: Vec<usize>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> Vec<i32> {
-        let _ = (buffer_ptrs, sizes, config);
-        vec![NOT_SUPPORTED; keys.len()]
+        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
+            return vec![INVALID; keys.len()];
+        }
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY; keys.len()];
+        };
+        let config = config_of(config);
+        py.allow_threads(|| {
+            let mut out = vec![0i32; keys.len()];
+            let mut items = Vec::with_capacity(keys.len());
+            let mut slots = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
+                match unsafe { raw_slice(buffer_ptrs[i], sizes[i]) } {
+                    Ok(bytes) => {
+                        items.push((key.as_str(), bytes));
+                        slots.push(i);
+                    }
+                    Err(code) => out[i] = code,
+                }
+            }
+            let results = conn.block_on(conn.client.upsert_batch(&items, &config));
+            for (slot, result) in slots.into_iter().zip(results) {
+                out[slot] = unit_code(&result);
+            }
+            out
+        })
     }
 }
 

@@ -290,13 +290,28 @@ def test_batch_replica_clear(master, store, key):
         other.close()
 
 
-def test_upsert_family_reports_not_supported(store, key):
-    assert store.upsert(key, b"v") == NOT_SUPPORTED
-    assert store.upsert_parts(key, b"a", b"b") == NOT_SUPPORTED
-    assert store.upsert_batch([key], [b"v"]) == NOT_SUPPORTED
-    assert store.upsert_from(key, 1, 1) == NOT_SUPPORTED
-    assert store.batch_upsert_from([key, key], [1, 1], [1, 1]) == [NOT_SUPPORTED] * 2
-    assert store.is_exist(key) == 0  # nothing was written
+def test_upsert_family_replaces_values(store, key):
+    # put keeps the first write; upsert replaces it (same size in place, then a new size).
+    assert store.put(key, b"first") == 0
+    assert store.put(key, b"other") == 0
+    assert store.get(key) == b"first"
+    assert store.upsert(key, b"again") == 0
+    assert store.get(key) == b"again"
+    assert store.upsert(key, b"a longer value") == 0
+    assert store.get(key) == b"a longer value"
+    # upsert of a missing key inserts it.
+    assert store.upsert_parts(key + "/parts", b"ab", b"", b"cd") == 0
+    assert store.get(key + "/parts") == b"abcd"
+    assert store.upsert_batch([key + "/b1", key + "/b2"], [b"x", b"yy"]) == 0
+    assert store.get_batch([key + "/b1", key + "/b2"]) == [b"x", b"yy"]
+    assert store.upsert_batch([key], [b"v", b"w"]) < 0  # length mismatch
+    buf = ctypes.create_string_buffer(b"zero-copy!", 10)
+    assert store.upsert_from(key, ctypes.addressof(buf), 10) == 0
+    assert store.get(key) == b"zero-copy!"
+    codes = store.batch_upsert_from([key + "/b1", key + "/b2"], [ctypes.addressof(buf)] * 2, [4, 10])
+    assert codes == [0, 0]
+    assert store.get_batch([key + "/b1", key + "/b2"]) == [b"zero", b"zero-copy!"]
+    assert store.upsert_from(key, 0, 4) < 0  # null pointer
     assert error_name(NOT_SUPPORTED) == "NOT_SUPPORTED"
 
 
