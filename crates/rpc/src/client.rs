@@ -60,7 +60,7 @@ pub struct ClientConfig {
     /// Deadline of one call, from send to answer.
     pub call_timeout: Duration,
     pub max_frame_bytes: usize,
-    /// Opt-in low-latency mode: spin on the socket and on the answer for this long before parking.
+    /// Opt-in low-latency mode: the reader spins on the socket for this long before parking.
     pub busy_poll: Option<Duration>,
 }
 
@@ -218,16 +218,8 @@ impl RpcClient {
             }
         }
 
-        if let Some(budget) = self.config.busy_poll {
-            let early = crate::spin_for(budget, || match rx.try_recv() {
-                Ok(reply) => Some(Some(reply)),
-                Err(oneshot::error::TryRecvError::Empty) => None,
-                Err(oneshot::error::TryRecvError::Closed) => Some(None),
-            });
-            if let Some(reply) = early {
-                return finish(reply);
-            }
-        }
+        // In busy-poll mode the connection's reader task spins on the socket; the caller just
+        // awaits (spinning here would starve that reader on a current-thread runtime).
         match tokio::time::timeout(self.config.call_timeout, &mut rx).await {
             Ok(reply) => finish(reply.ok()),
             Err(_) => {
@@ -327,7 +319,8 @@ async fn read_loop(
                 Ok(n) => Some(Ok(n)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
                 Err(e) => Some(Err(e)),
-            });
+            })
+            .await;
             match got {
                 Some(Ok(0)) => break "server closed the connection".to_string(),
                 Some(Ok(_)) => continue,

@@ -16,8 +16,13 @@ pub use server::{Handler, HandlerError, RpcServer, ServerConfig, ServerStats};
 use std::time::{Duration, Instant};
 
 /// Spins for up to `budget` calling `attempt` until it yields a value; `None` when the budget ran
-/// out. Used by the opt-in low-latency mode on both sides of a connection.
-pub(crate) fn spin_for<T>(budget: Duration, mut attempt: impl FnMut() -> Option<T>) -> Option<T> {
+/// out. Each failed attempt yields to the runtime, so other tasks of the same thread (the caller
+/// waiting for this answer, the next request to send) keep running while we poll. Used by the
+/// opt-in low-latency mode on both sides of a connection.
+pub(crate) async fn spin_for<T>(
+    budget: Duration,
+    mut attempt: impl FnMut() -> Option<T>,
+) -> Option<T> {
     let start = Instant::now();
     loop {
         if let Some(value) = attempt() {
@@ -26,6 +31,6 @@ pub(crate) fn spin_for<T>(budget: Duration, mut attempt: impl FnMut() -> Option<
         if start.elapsed() >= budget {
             return None;
         }
-        std::hint::spin_loop();
+        tokio::task::yield_now().await;
     }
 }

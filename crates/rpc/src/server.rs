@@ -265,7 +265,8 @@ async fn serve_connection<H: Handler>(
                 Ok(n) => Some(Ok(n)),
                 Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
                 Err(e) => Some(Err(e)),
-            });
+            })
+            .await;
             match got {
                 Some(Ok(0)) => return Ok(()),
                 Some(Ok(_)) => continue,

@@ -317,6 +317,15 @@ async fn setup(addr: SocketAddr, keys: usize, config: ClientConfig) -> anyhow::R
         host_id: "bench".into(),
     };
     mc.mount_segment(segment, client).await?;
+    // Heartbeat like a real client, or the master expires us after client_ttl (10 s) and our
+    // objects go with our segment.
+    let pinger = MasterClient::new(addr, ClientConfig::default());
+    tokio::task::spawn_local(async move {
+        loop {
+            let _ = pinger.ping(client).await;
+            tokio::time::sleep(Duration::from_secs(1)).await;
+        }
+    });
     let names: Vec<String> = (0..keys).map(|i| format!("bench-key-{i:08}")).collect();
     for chunk in names.chunks(1000) {
         let started = mc
