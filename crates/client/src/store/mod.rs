@@ -329,23 +329,45 @@ impl StoreClient {
         parts: &[&[u8]],
         config: &ReplicateConfig,
     ) -> Result<PutOutcome, StoreError> {
+        self.write_object(WriteMode::Put, key, parts, config).await
+    }
+
+    /// The two-phase write shared by put and upsert: start (allocate) → write every replica →
+    /// end, or revoke on any failure. Put's OBJECT_ALREADY_EXISTS is `AlreadyPresent`.
+    async fn write_object(
+        &self,
+        mode: WriteMode,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Result<PutOutcome, StoreError> {
         self.check_open()?;
         let inner = &self.inner;
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         let checksum = inner.config.verify_checksums.then(|| checksum_of(parts));
-        let replicas = match inner
-            .master
-            .put_start(inner.client_id, key, total, config, self.tenant())
-            .await
-        {
+        let replicas = match mode.start(inner, key, total, config).await {
             Ok(replicas) => replicas,
-            Err(MasterError::Master(ErrorCode::OBJECT_ALREADY_EXISTS)) => {
+            Err(MasterError::Master(ErrorCode::OBJECT_ALREADY_EXISTS))
+                if mode == WriteMode::Put =>
+            {
                 return Ok(PutOutcome::AlreadyPresent)
             }
             Err(error) => return Err(error.into()),
         };
-        let written = self.write_replicas(&replicas, parts, total).await;
-        finish_put(inner, key, checksum, written).await
+        match self.write_replicas(&replicas, parts, total).await {
+            Ok(()) => {
+                let meta = ObjectMeta {
+                    key: key.to_string(),
+                    object_checksum: checksum,
+                };
+                mode.end(inner, meta).await?;
+                Ok(PutOutcome::Stored)
+            }
+            Err(error) => {
+                let _ = mode.revoke(inner, key).await;
+                Err(error)
+            }
+        }
     }
 
     /// Writes `parts` into every memory replica of `replicas`.
@@ -404,23 +426,24 @@ impl StoreClient {
         items: &[(&str, &[u8])],
         config: &ReplicateConfig,
     ) -> Vec<Result<PutOutcome, StoreError>> {
+        self.write_objects(WriteMode::Put, items, config).await
+    }
+
+    /// The batch form of [`StoreClient::write_object`]: one start batch, one transfer batch for
+    /// every replica of every started key, one end batch and one revoke batch.
+    async fn write_objects(
+        &self,
+        mode: WriteMode,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<PutOutcome, StoreError>> {
         if let Err(error) = self.check_open() {
             return items.iter().map(|_| Err(error.clone())).collect();
         }
         let inner = &self.inner;
         let keys: Vec<String> = items.iter().map(|(k, _)| k.to_string()).collect();
         let lens: Vec<u64> = items.iter().map(|(_, v)| v.len() as u64).collect();
-        let started = match inner
-            .master
-            .call(&m::BatchPutStart {
-                client: inner.client_id,
-                keys: keys.clone(),
-                value_lens: lens,
-                config: config.clone(),
-                tenant: self.tenant().to_string(),
-            })
-            .await
-        {
+        let started = match mode.start_batch(inner, keys.clone(), lens, config).await {
             Ok(started) if started.len() == items.len() => started,
             Ok(_) => {
                 let e =
@@ -434,13 +457,12 @@ impl StoreClient {
         for (i, start) in started.into_iter().enumerate() {
             match start {
                 Ok(replicas) => to_write.push((i, replicas)),
-                Err(ErrorCode::OBJECT_ALREADY_EXISTS) => {
+                Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {
                     results[i] = Some(Ok(PutOutcome::AlreadyPresent))
                 }
                 Err(code) => results[i] = Some(Err(code.into())),
             }
         }
-        // One transfer batch for every replica of every started key.
         let written = self.write_many(items, &to_write).await;
         let mut ended = Vec::new();
         let mut revoked = Vec::new();
@@ -455,15 +477,7 @@ impl StoreClient {
         }
         if !revoked.is_empty() {
             let keys = revoked.iter().map(|&i| keys[i].clone()).collect();
-            let _ = inner
-                .master
-                .call(&m::BatchPutRevoke {
-                    client: inner.client_id,
-                    keys,
-                    replica_type: ReplicaType::ALL,
-                    tenant: self.tenant().to_string(),
-                })
-                .await;
+            let _ = mode.revoke_batch(inner, keys).await;
         }
         if !ended.is_empty() {
             let metas: Vec<ObjectMeta> = ended
@@ -476,16 +490,7 @@ impl StoreClient {
                         .then(|| checksum_of(&[items[i].1])),
                 })
                 .collect();
-            let answer = inner
-                .master
-                .call(&m::BatchPutEnd {
-                    client: inner.client_id,
-                    metas,
-                    replica_type: ReplicaType::ALL,
-                    tenant: self.tenant().to_string(),
-                })
-                .await;
-            match answer {
+            match mode.end_batch(inner, metas).await {
                 Ok(each) if each.len() == ended.len() => {
                     for (&i, r) in ended.iter().zip(each) {
                         results[i] = Some(r.map(|()| PutOutcome::Stored).map_err(StoreError::from));
@@ -494,7 +499,7 @@ impl StoreClient {
                 Ok(_) => {
                     for &i in &ended {
                         results[i] = Some(Err(StoreError::InvalidParams(
-                            "bad PutEnd batch answer".into(),
+                            "the master answered an end batch of the wrong length".into(),
                         )));
                     }
                 }
@@ -529,49 +534,9 @@ impl StoreClient {
         parts: &[&[u8]],
         config: &ReplicateConfig,
     ) -> Result<(), StoreError> {
-        self.check_open()?;
-        let inner = &self.inner;
-        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let checksum = inner.config.verify_checksums.then(|| checksum_of(parts));
-        let replicas = inner
-            .master
-            .call(&m::UpsertStart {
-                client: inner.client_id,
-                key: key.to_string(),
-                value_len: total,
-                config: config.clone(),
-                tenant: self.tenant().to_string(),
-            })
-            .await?;
-        match self.write_replicas(&replicas, parts, total).await {
-            Ok(()) => {
-                inner
-                    .master
-                    .call(&m::UpsertEnd {
-                        client: inner.client_id,
-                        meta: ObjectMeta {
-                            key: key.to_string(),
-                            object_checksum: checksum,
-                        },
-                        replica_type: ReplicaType::ALL,
-                        tenant: self.tenant().to_string(),
-                    })
-                    .await?;
-                Ok(())
-            }
-            Err(error) => {
-                let _ = inner
-                    .master
-                    .call(&m::UpsertRevoke {
-                        client: inner.client_id,
-                        key: key.to_string(),
-                        replica_type: ReplicaType::ALL,
-                        tenant: self.tenant().to_string(),
-                    })
-                    .await;
-                Err(error)
-            }
-        }
+        self.write_object(WriteMode::Upsert, key, parts, config)
+            .await
+            .map(|_| ())
     }
 
     /// Upserts many objects: one start batch, one transfer batch, one end batch.
@@ -580,103 +545,10 @@ impl StoreClient {
         items: &[(&str, &[u8])],
         config: &ReplicateConfig,
     ) -> Vec<Result<(), StoreError>> {
-        if let Err(error) = self.check_open() {
-            return items.iter().map(|_| Err(error.clone())).collect();
-        }
-        let inner = &self.inner;
-        let tenant = self.tenant().to_string();
-        let keys: Vec<String> = items.iter().map(|(k, _)| k.to_string()).collect();
-        let started = match inner
-            .master
-            .call(&m::BatchUpsertStart {
-                client: inner.client_id,
-                keys: keys.clone(),
-                value_lens: items.iter().map(|(_, v)| v.len() as u64).collect(),
-                config: config.clone(),
-                tenant: tenant.clone(),
-            })
+        self.write_objects(WriteMode::Upsert, items, config)
             .await
-        {
-            Ok(started) if started.len() == items.len() => started,
-            Ok(_) => {
-                let e =
-                    StoreError::InvalidParams("master answered a batch of the wrong length".into());
-                return items.iter().map(|_| Err(e.clone())).collect();
-            }
-            Err(error) => return items.iter().map(|_| Err(error.clone().into())).collect(),
-        };
-        let mut results: Vec<Option<Result<(), StoreError>>> = vec![None; items.len()];
-        let mut to_write = Vec::new();
-        for (i, start) in started.into_iter().enumerate() {
-            match start {
-                Ok(replicas) => to_write.push((i, replicas)),
-                Err(code) => results[i] = Some(Err(code.into())),
-            }
-        }
-        let written = self.write_many(items, &to_write).await;
-        let mut ended = Vec::new();
-        let mut revoked = Vec::new();
-        for ((i, _), outcome) in to_write.iter().zip(written) {
-            match outcome {
-                Ok(()) => ended.push(*i),
-                Err(error) => {
-                    revoked.push(*i);
-                    results[*i] = Some(Err(error));
-                }
-            }
-        }
-        if !revoked.is_empty() {
-            let _ = inner
-                .master
-                .call(&m::BatchUpsertRevoke {
-                    client: inner.client_id,
-                    keys: revoked.iter().map(|&i| keys[i].clone()).collect(),
-                    tenant: tenant.clone(),
-                })
-                .await;
-        }
-        if !ended.is_empty() {
-            let metas: Vec<ObjectMeta> = ended
-                .iter()
-                .map(|&i| ObjectMeta {
-                    key: keys[i].clone(),
-                    object_checksum: inner
-                        .config
-                        .verify_checksums
-                        .then(|| checksum_of(&[items[i].1])),
-                })
-                .collect();
-            let answer = inner
-                .master
-                .call(&m::BatchUpsertEnd {
-                    client: inner.client_id,
-                    metas,
-                    tenant,
-                })
-                .await;
-            match answer {
-                Ok(each) if each.len() == ended.len() => {
-                    for (&i, r) in ended.iter().zip(each) {
-                        results[i] = Some(r.map_err(StoreError::from));
-                    }
-                }
-                Ok(_) => {
-                    for &i in &ended {
-                        results[i] = Some(Err(StoreError::InvalidParams(
-                            "bad UpsertEnd batch answer".into(),
-                        )));
-                    }
-                }
-                Err(error) => {
-                    for &i in &ended {
-                        results[i] = Some(Err(error.clone().into()));
-                    }
-                }
-            }
-        }
-        results
             .into_iter()
-            .map(|r| r.unwrap_or(Err(StoreError::InvalidParams("lost batch entry".into()))))
+            .map(|r| r.map(|_| ()))
             .collect()
     }
 
@@ -1342,25 +1214,194 @@ impl Drop for Pins<'_> {
     }
 }
 
-async fn finish_put(
-    inner: &Inner,
-    key: &str,
-    checksum: Option<u64>,
-    written: Result<(), StoreError>,
-) -> Result<PutOutcome, StoreError> {
-    let tenant = inner.config.tenant.as_str();
-    match written {
-        Ok(()) => {
-            let meta = ObjectMeta {
-                key: key.to_string(),
-                object_checksum: checksum,
-            };
-            inner.master.put_end(inner.client_id, meta, tenant).await?;
-            Ok(PutOutcome::Stored)
+/// Which two-phase write: put (write-once) or upsert (replace). Picks the master RPCs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum WriteMode {
+    Put,
+    Upsert,
+}
+
+impl WriteMode {
+    async fn start(
+        self,
+        inner: &Inner,
+        key: &str,
+        value_len: u64,
+        config: &ReplicateConfig,
+    ) -> Result<Vec<ReplicaDescriptor>, MasterError> {
+        let (client, key, config, tenant) = (
+            inner.client_id,
+            key.to_string(),
+            config.clone(),
+            inner.config.tenant.clone(),
+        );
+        match self {
+            WriteMode::Put => {
+                let request = m::PutStart {
+                    client,
+                    key,
+                    value_len,
+                    config,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+            WriteMode::Upsert => {
+                let request = m::UpsertStart {
+                    client,
+                    key,
+                    value_len,
+                    config,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
         }
-        Err(error) => {
-            let _ = inner.master.put_revoke(inner.client_id, key, tenant).await;
-            Err(error)
+    }
+
+    async fn end(self, inner: &Inner, meta: ObjectMeta) -> Result<(), MasterError> {
+        let (client, replica_type, tenant) = (
+            inner.client_id,
+            ReplicaType::ALL,
+            inner.config.tenant.clone(),
+        );
+        match self {
+            WriteMode::Put => {
+                let request = m::PutEnd {
+                    client,
+                    meta,
+                    replica_type,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+            WriteMode::Upsert => {
+                let request = m::UpsertEnd {
+                    client,
+                    meta,
+                    replica_type,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+        }
+    }
+
+    async fn revoke(self, inner: &Inner, key: &str) -> Result<(), MasterError> {
+        let (client, key, replica_type, tenant) = (
+            inner.client_id,
+            key.to_string(),
+            ReplicaType::ALL,
+            inner.config.tenant.clone(),
+        );
+        match self {
+            WriteMode::Put => {
+                let request = m::PutRevoke {
+                    client,
+                    key,
+                    replica_type,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+            WriteMode::Upsert => {
+                let request = m::UpsertRevoke {
+                    client,
+                    key,
+                    replica_type,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+        }
+    }
+
+    async fn start_batch(
+        self,
+        inner: &Inner,
+        keys: Vec<String>,
+        value_lens: Vec<u64>,
+        config: &ReplicateConfig,
+    ) -> Result<Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>, MasterError> {
+        let (client, config, tenant) =
+            (inner.client_id, config.clone(), inner.config.tenant.clone());
+        match self {
+            WriteMode::Put => {
+                let request = m::BatchPutStart {
+                    client,
+                    keys,
+                    value_lens,
+                    config,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+            WriteMode::Upsert => {
+                let request = m::BatchUpsertStart {
+                    client,
+                    keys,
+                    value_lens,
+                    config,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+        }
+    }
+
+    async fn end_batch(
+        self,
+        inner: &Inner,
+        metas: Vec<ObjectMeta>,
+    ) -> Result<Vec<Result<(), ErrorCode>>, MasterError> {
+        let (client, tenant) = (inner.client_id, inner.config.tenant.clone());
+        match self {
+            WriteMode::Put => {
+                let replica_type = ReplicaType::ALL;
+                let request = m::BatchPutEnd {
+                    client,
+                    metas,
+                    replica_type,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+            WriteMode::Upsert => {
+                let request = m::BatchUpsertEnd {
+                    client,
+                    metas,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+        }
+    }
+
+    async fn revoke_batch(
+        self,
+        inner: &Inner,
+        keys: Vec<String>,
+    ) -> Result<Vec<Result<(), ErrorCode>>, MasterError> {
+        let (client, tenant) = (inner.client_id, inner.config.tenant.clone());
+        match self {
+            WriteMode::Put => {
+                let replica_type = ReplicaType::ALL;
+                let request = m::BatchPutRevoke {
+                    client,
+                    keys,
+                    replica_type,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
+            WriteMode::Upsert => {
+                let request = m::BatchUpsertRevoke {
+                    client,
+                    keys,
+                    tenant,
+                };
+                inner.master.call(&request).await
+            }
         }
     }
 }
