@@ -167,6 +167,185 @@ impl Drop for Store {
     }
 }
 
+/// Put (write-once: an existing key is success) or upsert (replace): the only difference between
+/// the two families of methods below.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Write {
+    Put,
+    Upsert,
+}
+
+impl Write {
+    /// One object from `parts`; 0 or a negative code.
+    fn one(self, conn: &Connected, key: &str, parts: &[&[u8]], config: &RsReplicateConfig) -> i32 {
+        match self {
+            Write::Put => put_code(&conn.block_on(conn.client.put_parts(key, parts, config))),
+            Write::Upsert => {
+                unit_code(&conn.block_on(conn.client.upsert_parts(key, parts, config)))
+            }
+        }
+    }
+
+    /// Many objects; one code per item, in order.
+    fn many(
+        self,
+        conn: &Connected,
+        items: &[(&str, &[u8])],
+        config: &RsReplicateConfig,
+    ) -> Vec<i32> {
+        match self {
+            Write::Put => conn
+                .block_on(conn.client.put_batch(items, config))
+                .iter()
+                .map(put_code)
+                .collect(),
+            Write::Upsert => conn
+                .block_on(conn.client.upsert_batch(items, config))
+                .iter()
+                .map(unit_code)
+                .collect(),
+        }
+    }
+}
+
+/// The bodies shared by the put and upsert families.
+impl Store {
+    fn write_value(
+        &self,
+        py: Python<'_>,
+        mode: Write,
+        key: &str,
+        value: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let view = ByteView::new(value)?;
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        let config = config_of(config);
+        let bytes = view.as_slice();
+        Ok(py.allow_threads(|| mode.one(&conn, key, &[bytes], &config)))
+    }
+
+    fn write_parts(
+        &self,
+        py: Python<'_>,
+        mode: Write,
+        key: &str,
+        parts: &Bound<'_, PyTuple>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let views = parts
+            .iter()
+            .map(|p| ByteView::new(&p))
+            .collect::<PyResult<Vec<_>>>()?;
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        let config = config_of(config);
+        let slices: Vec<&[u8]> = views.iter().map(|v| v.as_slice()).collect();
+        Ok(py.allow_threads(|| mode.one(&conn, key, &slices, &config)))
+    }
+
+    /// 0 when every key succeeded (for put: or already existed), else the first negative code.
+    fn write_batch(
+        &self,
+        py: Python<'_>,
+        mode: Write,
+        keys: Vec<String>,
+        values: &Bound<'_, PyAny>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> PyResult<i32> {
+        let views = values
+            .try_iter()?
+            .map(|v| ByteView::new(&v?))
+            .collect::<PyResult<Vec<_>>>()?;
+        if views.len() != keys.len() {
+            return Ok(INVALID);
+        }
+        let Some(conn) = self.conn() else {
+            return Ok(NOT_READY);
+        };
+        if keys.is_empty() {
+            return Ok(0);
+        }
+        let config = config_of(config);
+        let items: Vec<(&str, &[u8])> = keys
+            .iter()
+            .zip(&views)
+            .map(|(k, v)| (k.as_str(), v.as_slice()))
+            .collect();
+        Ok(py.allow_threads(|| {
+            mode.many(&conn, &items, &config)
+                .into_iter()
+                .find(|&c| c != 0)
+                .unwrap_or(0)
+        }))
+    }
+
+    fn write_from(
+        &self,
+        py: Python<'_>,
+        mode: Write,
+        key: &str,
+        buffer_ptr: usize,
+        size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i32 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        let config = config_of(config);
+        py.allow_threads(|| {
+            // SAFETY: upstream's contract: the caller's range is readable during the call.
+            let bytes = match unsafe { raw_slice(buffer_ptr, size) } {
+                Ok(b) => b,
+                Err(code) => return code,
+            };
+            mode.one(&conn, key, &[bytes], &config)
+        })
+    }
+
+    fn write_batch_from(
+        &self,
+        py: Python<'_>,
+        mode: Write,
+        keys: Vec<String>,
+        buffer_ptrs: Vec<usize>,
+        sizes: Vec<usize>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i32> {
+        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
+            return vec![INVALID; keys.len()];
+        }
+        let Some(conn) = self.conn() else {
+            return vec![NOT_READY; keys.len()];
+        };
+        let config = config_of(config);
+        py.allow_threads(|| {
+            let mut out = vec![0i32; keys.len()];
+            let mut items = Vec::with_capacity(keys.len());
+            let mut slots = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
+                match unsafe { raw_slice(buffer_ptrs[i], sizes[i]) } {
+                    Ok(bytes) => {
+                        items.push((key.as_str(), bytes));
+                        slots.push(i);
+                    }
+                    Err(code) => out[i] = code,
+                }
+            }
+            if !items.is_empty() {
+                for (slot, code) in slots.into_iter().zip(mode.many(&conn, &items, &config)) {
+                    out[slot] = code;
+                }
+            }
+            out
+        })
+    }
+}
+
 #[pymethods]
 impl Store {
     #[new]
@@ -361,13 +540,7 @@ impl Store {
         value: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> PyResult<i32> {
-        let view = ByteView::new(value)?;
-        let Some(conn) = self.conn() else {
-            return Ok(NOT_READY);
-        };
-        let config = config_of(config);
-        let bytes = view.as_slice();
-        Ok(py.allow_threads(|| put_code(&conn.block_on(conn.client.put(key, bytes, &config)))))
+        self.write_value(py, Write::Put, key, value, config)
     }
 
     /// Stores the concatenation of `parts` (bytes-like) under `key`, without concatenating them
@@ -380,18 +553,7 @@ impl Store {
         parts: &Bound<'_, PyTuple>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> PyResult<i32> {
-        let views = parts
-            .iter()
-            .map(|p| ByteView::new(&p))
-            .collect::<PyResult<Vec<_>>>()?;
-        let Some(conn) = self.conn() else {
-            return Ok(NOT_READY);
-        };
-        let config = config_of(config);
-        let slices: Vec<&[u8]> = views.iter().map(|v| v.as_slice()).collect();
-        Ok(py.allow_threads(|| {
-            put_code(&conn.block_on(conn.client.put_parts(key, &slices, &config)))
-        }))
+        self.write_parts(py, Write::Put, key, parts, config)
     }
 
     /// Stores every `values[i]` under `keys[i]` (one master round trip per phase). Returns 0 when
@@ -404,29 +566,7 @@ impl Store {
         values: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> PyResult<i32> {
-        let views = values
-            .try_iter()?
-            .map(|v| ByteView::new(&v?))
-            .collect::<PyResult<Vec<_>>>()?;
-        if views.len() != keys.len() {
-            return Ok(INVALID);
-        }
-        let Some(conn) = self.conn() else {
-            return Ok(NOT_READY);
-        };
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let config = config_of(config);
-        let items: Vec<(&str, &[u8])> = keys
-            .iter()
-            .zip(&views)
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
-        Ok(py.allow_threads(|| {
-            let results = conn.block_on(conn.client.put_batch(&items, &config));
-            results.iter().map(put_code).find(|&c| c != 0).unwrap_or(0)
-        }))
+        self.write_batch(py, Write::Put, keys, values, config)
     }
 
     // ----- copying reads -----------------------------------------------------------------------
@@ -542,18 +682,7 @@ impl Store {
         size: usize,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> i32 {
-        let Some(conn) = self.conn() else {
-            return NOT_READY;
-        };
-        let config = config_of(config);
-        py.allow_threads(|| {
-            // SAFETY: upstream's contract: the caller's range is readable during the call.
-            let bytes = match unsafe { raw_slice(buffer_ptr, size) } {
-                Ok(b) => b,
-                Err(code) => return code,
-            };
-            put_code(&conn.block_on(conn.client.put(key, bytes, &config)))
-        })
+        self.write_from(py, Write::Put, key, buffer_ptr, size, config)
     }
 
     /// Reads the object into `[buffer_ptr, buffer_ptr+size)`: returns its length in bytes, or a
@@ -582,35 +711,7 @@ impl Store {
         sizes: Vec<usize>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> Vec<i32> {
-        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
-            return vec![INVALID; keys.len()];
-        }
-        let Some(conn) = self.conn() else {
-            return vec![NOT_READY; keys.len()];
-        };
-        let config = config_of(config);
-        py.allow_threads(|| {
-            let mut out = vec![0i32; keys.len()];
-            let mut items = Vec::with_capacity(keys.len());
-            let mut slots = Vec::with_capacity(keys.len());
-            for (i, key) in keys.iter().enumerate() {
-                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
-                match unsafe { raw_slice(buffer_ptrs[i], sizes[i]) } {
-                    Ok(bytes) => {
-                        items.push((key.as_str(), bytes));
-                        slots.push(i);
-                    }
-                    Err(code) => out[i] = code,
-                }
-            }
-            if !items.is_empty() {
-                let results = conn.block_on(conn.client.put_batch(&items, &config));
-                for (slot, result) in slots.into_iter().zip(results.iter()) {
-                    out[slot] = put_code(result);
-                }
-            }
-            out
-        })
+        self.write_batch_from(py, Write::Put, keys, buffer_ptrs, sizes, config)
     }
 
     /// get_into for many keys: one result per key, in order (bytes read or a negative code).
@@ -1001,13 +1102,7 @@ impl Store {
         value: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> PyResult<i32> {
-        let view = ByteView::new(value)?;
-        let Some(conn) = self.conn() else {
-            return Ok(NOT_READY);
-        };
-        let config = config_of(config);
-        let bytes = view.as_slice();
-        Ok(py.allow_threads(|| unit_code(&conn.block_on(conn.client.upsert(key, bytes, &config)))))
+        self.write_value(py, Write::Upsert, key, value, config)
     }
 
     /// upsert() of the concatenation of `parts`, without concatenating them first.
@@ -1019,18 +1114,7 @@ impl Store {
         parts: &Bound<'_, PyTuple>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> PyResult<i32> {
-        let views = parts
-            .iter()
-            .map(|p| ByteView::new(&p))
-            .collect::<PyResult<Vec<_>>>()?;
-        let Some(conn) = self.conn() else {
-            return Ok(NOT_READY);
-        };
-        let config = config_of(config);
-        let slices: Vec<&[u8]> = views.iter().map(|v| v.as_slice()).collect();
-        Ok(py.allow_threads(|| {
-            unit_code(&conn.block_on(conn.client.upsert_parts(key, &slices, &config)))
-        }))
+        self.write_parts(py, Write::Upsert, key, parts, config)
     }
 
     /// upsert() of every `values[i]` under `keys[i]`. 0 when every key succeeded, else the first
@@ -1043,32 +1127,7 @@ impl Store {
         values: &Bound<'_, PyAny>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> PyResult<i32> {
-        let views = values
-            .try_iter()?
-            .map(|v| ByteView::new(&v?))
-            .collect::<PyResult<Vec<_>>>()?;
-        if views.len() != keys.len() {
-            return Ok(INVALID);
-        }
-        let Some(conn) = self.conn() else {
-            return Ok(NOT_READY);
-        };
-        if keys.is_empty() {
-            return Ok(0);
-        }
-        let config = config_of(config);
-        let items: Vec<(&str, &[u8])> = keys
-            .iter()
-            .zip(&views)
-            .map(|(k, v)| (k.as_str(), v.as_slice()))
-            .collect();
-        Ok(py.allow_threads(|| {
-            conn.block_on(conn.client.upsert_batch(&items, &config))
-                .iter()
-                .map(unit_code)
-                .find(|&c| c != 0)
-                .unwrap_or(0)
-        }))
+        self.write_batch(py, Write::Upsert, keys, values, config)
     }
 
     /// upsert() from caller memory `[buffer_ptr, buffer_ptr+size)`.
@@ -1081,18 +1140,7 @@ impl Store {
         size: usize,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> i32 {
-        let Some(conn) = self.conn() else {
-            return NOT_READY;
-        };
-        let config = config_of(config);
-        py.allow_threads(|| {
-            // SAFETY: upstream's contract: the caller's range is readable during the call.
-            let bytes = match unsafe { raw_slice(buffer_ptr, size) } {
-                Ok(b) => b,
-                Err(code) => return code,
-            };
-            unit_code(&conn.block_on(conn.client.upsert(key, bytes, &config)))
-        })
+        self.write_from(py, Write::Upsert, key, buffer_ptr, size, config)
     }
 
     /// upsert_from() for many keys: one code per key, in order.
@@ -1105,33 +1153,7 @@ impl Store {
         sizes: Vec<usize>,
         config: Option<PyRef<'_, ReplicateConfig>>,
     ) -> Vec<i32> {
-        if keys.len() != buffer_ptrs.len() || keys.len() != sizes.len() {
-            return vec![INVALID; keys.len()];
-        }
-        let Some(conn) = self.conn() else {
-            return vec![NOT_READY; keys.len()];
-        };
-        let config = config_of(config);
-        py.allow_threads(|| {
-            let mut out = vec![0i32; keys.len()];
-            let mut items = Vec::with_capacity(keys.len());
-            let mut slots = Vec::with_capacity(keys.len());
-            for (i, key) in keys.iter().enumerate() {
-                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
-                match unsafe { raw_slice(buffer_ptrs[i], sizes[i]) } {
-                    Ok(bytes) => {
-                        items.push((key.as_str(), bytes));
-                        slots.push(i);
-                    }
-                    Err(code) => out[i] = code,
-                }
-            }
-            let results = conn.block_on(conn.client.upsert_batch(&items, &config));
-            for (slot, result) in slots.into_iter().zip(results) {
-                out[slot] = unit_code(&result);
-            }
-            out
-        })
+        self.write_batch_from(py, Write::Upsert, keys, buffer_ptrs, sizes, config)
     }
 }
 
