@@ -68,11 +68,22 @@ fn value(seed: u64, len: usize) -> Vec<u8> {
         .collect()
 }
 
+/// Reads `key` whole. A concurrent overwrite may grow the value between `size_of` and the read;
+/// the backend then answers `BufferTooSmall` (the right answer), and the helper asks again.
 fn get(b: &LogBackend, key: &str) -> Result<Vec<u8>, StorageError> {
-    let size = b.size_of(key).ok_or(StorageError::NotFound)?;
-    let mut buf = vec![0u8; size as usize];
-    b.get_batch(&[key], &mut [&mut buf[..]]).pop().unwrap()?;
-    Ok(buf)
+    let mut attempts = 0;
+    loop {
+        let size = b.size_of(key).ok_or(StorageError::NotFound)?;
+        let mut buf = vec![0u8; size as usize];
+        match b.get_batch(&[key], &mut [&mut buf[..]]).pop().unwrap() {
+            Ok(n) => {
+                buf.truncate(n as usize);
+                return Ok(buf);
+            }
+            Err(StorageError::BufferTooSmall { .. }) if attempts < 100 => attempts += 1,
+            Err(e) => return Err(e),
+        }
+    }
 }
 
 fn put(b: &LogBackend, key: &str, v: &[u8]) -> Result<(), StorageError> {
