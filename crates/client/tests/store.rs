@@ -156,6 +156,53 @@ async fn batches_return_one_result_per_key_in_order() {
         got[64].as_ref().unwrap_err().code(),
         ErrorCode::OBJECT_NOT_FOUND
     );
+    // Buffers sized by the caller once the lookup told the sizes: one per key or none.
+    let mut storage: Vec<Vec<u8>> = Vec::new();
+    let mut seen = Vec::new();
+    let probe3 = ["batch-2", "absent", "batch-3", "batch-4"];
+    let sizes = b
+        .get_batch_with(&probe3, |sizes| {
+            seen = sizes.to_vec();
+            storage = sizes
+                .iter()
+                .map(|s| vec![0u8; s.unwrap_or(0) as usize])
+                .collect();
+            // batch-3 gets no buffer, batch-4 one byte too few.
+            storage[3].pop();
+            storage
+                .iter_mut()
+                .enumerate()
+                .map(|(i, b)| (i != 2).then_some(&mut b[..]))
+                .collect()
+        })
+        .await;
+    assert_eq!(
+        seen,
+        vec![
+            Some(values[2].len() as u64),
+            None,
+            Some(values[3].len() as u64),
+            Some(values[4].len() as u64)
+        ]
+    );
+    assert_eq!(sizes[0].as_ref().unwrap(), &(values[2].len() as u64));
+    assert_eq!(
+        sizes[1].as_ref().unwrap_err().code(),
+        ErrorCode::OBJECT_NOT_FOUND
+    );
+    assert!(matches!(
+        sizes[2],
+        Err(StoreError::BufferTooSmall {
+            buffer_bytes: 0,
+            ..
+        })
+    ));
+    assert!(matches!(sizes[3], Err(StoreError::BufferTooSmall { .. })));
+    assert_eq!(storage[0], values[2]);
+    assert!(
+        storage[3].iter().all(|&x| x == 0),
+        "a short buffer is left untouched"
+    );
     let removed = b.batch_remove(&["batch-1", "absent"], true).await.unwrap();
     assert_eq!(removed, vec![Ok(()), Err(ErrorCode::OBJECT_NOT_FOUND)]);
     assert_eq!(b.remove_by_regex("^batch-1", true).await.unwrap(), 10);
@@ -331,5 +378,107 @@ async fn upsert_replaces_in_place_and_with_a_new_size() {
     );
     reader.close().await.unwrap();
     a.close().await.unwrap();
+    master.shutdown().await;
+}
+
+fn is_mismatch<T>(result: &Result<T, StoreError>) -> bool {
+    matches!(result, Err(StoreError::ChecksumMismatch { .. }))
+}
+
+/// Flips one byte in the middle of every memory replica of `key`, writing straight into the
+/// owning node's segment with a separate transfer engine (as a buggy or racing writer would).
+async fn corrupt_replicas(client: &StoreClient, key: &str) {
+    use mooncake_client::store::addressing::split_address;
+    use mooncake_common::ReplicaKind;
+    use mooncake_transfer::{Endpoint, TransferConfig, TransferEngine, TransferRequest};
+    use std::sync::Arc;
+
+    let vandal = TransferEngine::start(TransferConfig {
+        transport: TransportMode::Tcp,
+        ..TransferConfig::default()
+    })
+    .unwrap();
+    let garbage = vandal.allocate_local_buffer(4096).unwrap();
+    garbage.write_at(0, &[0xFFu8; 1]).unwrap();
+    let replicas = client.get_replica_desc(key).await.unwrap();
+    assert!(!replicas.is_empty());
+    for replica in replicas {
+        let ReplicaKind::Memory(memory) = &replica.kind else {
+            panic!("{key}: not a memory replica")
+        };
+        let endpoint = Arc::new(Endpoint::parse(&memory.transport_endpoint).unwrap());
+        let (segment, offset) = split_address(memory.buffer_address);
+        let middle = offset + memory.size / 2;
+        // Read the byte first so the flip always changes it.
+        let local = vandal.allocate_local_buffer(4096).unwrap();
+        let read = TransferRequest::read(local.as_ptr(), 1, &endpoint, segment, middle);
+        let mut current = [0u8; 1];
+        assert_eq!(vandal.transfer_sync(&[read]), vec![Ok(())]);
+        local.read_at(0, &mut current).unwrap();
+        garbage.write_at(0, &[!current[0]]).unwrap();
+        let write = TransferRequest::write(garbage.as_ptr(), 1, &endpoint, segment, middle);
+        assert_eq!(vandal.transfer_sync(&[write]), vec![Ok(())]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupted_bytes_are_refused_by_every_read_path() {
+    let master = start_master().await;
+    let owner = node(&master, 64 << 20, TransportMode::Auto).await;
+    let reader = node(&master, 0, TransportMode::Auto).await;
+    let tcp_reader = node(&master, 0, TransportMode::Tcp).await;
+    let trusting = StoreClient::connect(StoreConfig {
+        master_addr: master.rpc_addr().to_string(),
+        local_hostname: "127.0.0.1".into(),
+        global_segment_size: 0,
+        verify_checksums: false,
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
+    // A small value (one chunk) and one large enough to be split across copy threads / TCP
+    // connections, whose chunk checksums are combined.
+    let sizes = [4096usize, 9 << 20];
+    let keys: Vec<String> = (0..sizes.len()).map(|i| format!("bitrot-{i}")).collect();
+    for (key, &len) in keys.iter().zip(&sizes) {
+        let value = pattern(len, 7);
+        owner
+            .put(key, &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        // Intact: every path reads it.
+        assert!(reader.get(key).await.unwrap() == value);
+        assert!(tcp_reader.get(key).await.unwrap() == value);
+        corrupt_replicas(&owner, key).await;
+    }
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for client in [&owner, &reader, &tcp_reader] {
+        for (key, &len) in keys.iter().zip(&sizes) {
+            assert!(is_mismatch(&client.get(key).await), "get {key}");
+            let mut buffer = vec![0u8; len];
+            assert!(
+                is_mismatch(&client.get_into(key, &mut buffer).await),
+                "get_into {key}"
+            );
+        }
+        let batch = client.get_batch(&refs).await;
+        assert!(batch.iter().all(is_mismatch), "get_batch");
+        let mut buffers: Vec<Vec<u8>> = sizes.iter().map(|&n| vec![0u8; n]).collect();
+        let mut slices: Vec<&mut [u8]> = buffers.iter_mut().map(|b| &mut b[..]).collect();
+        let batch = client.get_batch_into(&refs, &mut slices).await;
+        assert!(batch.iter().all(is_mismatch), "get_batch_into");
+    }
+    // Without verification the flipped byte comes back: the checks above are what caught it.
+    for (key, &len) in keys.iter().zip(&sizes) {
+        let got = trusting.get(key).await.unwrap();
+        let value = pattern(len, 7);
+        assert_eq!(got.len(), len);
+        assert_ne!(got, value, "{key}");
+        let differing = got.iter().zip(&value).filter(|(a, b)| a != b).count();
+        assert_eq!(differing, 1, "{key}: exactly the flipped byte differs");
+    }
+    for client in [owner, reader, tcp_reader, trusting] {
+        client.close().await.unwrap();
+    }
     master.shutdown().await;
 }

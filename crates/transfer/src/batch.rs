@@ -29,6 +29,10 @@ pub struct TransferRequest {
     pub remote: Arc<Endpoint>,
     pub segment_id: u64,
     pub remote_offset: u64,
+    /// Compute the CRC32C of the entry's local bytes once they are final (after a read landed,
+    /// after a write was sent), chunk by chunk on whichever thread moved the chunk while the
+    /// bytes are still in its cache; [`Batch::checksum`] gives the combined value.
+    pub checksum: bool,
 }
 
 impl TransferRequest {
@@ -47,6 +51,7 @@ impl TransferRequest {
             remote: Arc::clone(remote),
             segment_id,
             remote_offset,
+            checksum: false,
         }
     }
 
@@ -65,8 +70,30 @@ impl TransferRequest {
             remote: Arc::clone(remote),
             segment_id,
             remote_offset,
+            checksum: false,
         }
     }
+
+    /// Asks for the CRC32C of this entry's local bytes (see [`TransferRequest::checksum`]).
+    pub fn with_checksum(mut self) -> Self {
+        self.checksum = true;
+        self
+    }
+}
+
+/// CRC32C of `bytes` (the Castagnoli polynomial, as the SSD tier and the store client use).
+pub fn crc32c(bytes: &[u8]) -> u32 {
+    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
+}
+
+/// CRC32C of `a ++ b` from the CRC32C of `a`, the CRC32C of `b` and the length of `b`.
+pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
+    crc_fast::checksum_combine(
+        crc_fast::CrcAlgorithm::Crc32Iscsi,
+        u64::from(crc_a),
+        u64::from(crc_b),
+        len_b,
+    ) as u32
 }
 
 /// Where one entry stands.
@@ -83,6 +110,10 @@ struct EntrySlot {
     /// First error of any chunk; `Some(Ok)` once every chunk succeeded.
     result: Mutex<Option<Result<(), TransferError>>>,
     first_error: Mutex<Option<TransferError>>,
+    /// `(offset in the entry, length, CRC32C)` of each checksummed chunk that succeeded.
+    pieces: Mutex<Vec<(usize, usize, u32)>>,
+    /// Combined CRC32C of the entry, set when it completed with every piece present.
+    checksum: Mutex<Option<u32>>,
 }
 
 /// Shared completion state of one batch.
@@ -104,6 +135,8 @@ impl BatchState {
                     chunks_left: AtomicUsize::new(0),
                     result: Mutex::new(None),
                     first_error: Mutex::new(None),
+                    pieces: Mutex::new(Vec::new()),
+                    checksum: Mutex::new(None),
                 })
                 .collect(),
             entries_left: AtomicUsize::new(entry_count),
@@ -133,12 +166,25 @@ impl BatchState {
     }
 
     /// One chunk of entry `index` is over: its memory is no longer touched by anyone.
-    pub(crate) fn finish_chunk(&self, index: usize, result: Result<(), TransferError>) {
+    /// `piece` is the chunk's `(offset in the entry, length, CRC32C)` when it was asked for.
+    pub(crate) fn finish_chunk(
+        &self,
+        index: usize,
+        result: Result<(), TransferError>,
+        piece: Option<(usize, usize, u32)>,
+    ) {
         let slot = &self.entries[index];
-        if let Err(err) = result {
-            let mut first = slot.first_error.lock();
-            if first.is_none() {
-                *first = Some(err);
+        match result {
+            Err(err) => {
+                let mut first = slot.first_error.lock();
+                if first.is_none() {
+                    *first = Some(err);
+                }
+            }
+            Ok(()) => {
+                if let Some(piece) = piece {
+                    slot.pieces.lock().push(piece);
+                }
             }
         }
         if slot.chunks_left.fetch_sub(1, Ordering::AcqRel) == 1 {
@@ -146,6 +192,9 @@ impl BatchState {
                 Some(err) => Err(err),
                 None => Ok(()),
             };
+            if outcome.is_ok() {
+                *slot.checksum.lock() = combine_pieces(&mut slot.pieces.lock());
+            }
             *slot.result.lock() = Some(outcome);
             self.entry_done();
         }
@@ -162,6 +211,25 @@ impl BatchState {
     fn is_done(&self) -> bool {
         self.entries_left.load(Ordering::Acquire) == 0
     }
+}
+
+/// The CRC32C of a whole entry from its chunks' pieces, `None` unless they tile it from 0.
+fn combine_pieces(pieces: &mut [(usize, usize, u32)]) -> Option<u32> {
+    pieces.sort_unstable_by_key(|p| p.0);
+    let (&(first_offset, first_len, first_crc), rest) = pieces.split_first()?;
+    if first_offset != 0 {
+        return None;
+    }
+    let mut end = first_len;
+    let mut crc = first_crc;
+    for &(offset, len, piece) in rest {
+        if offset != end {
+            return None;
+        }
+        crc = crc32c_combine(crc, piece, len as u64);
+        end += len;
+    }
+    Some(crc)
 }
 
 /// A submitted batch. Dropping it does not cancel anything: entries still run to completion
@@ -199,6 +267,12 @@ impl Batch {
             Some(Ok(())) => EntryStatus::Completed,
             Some(Err(err)) => EntryStatus::Failed(err.clone()),
         })
+    }
+
+    /// CRC32C of entry `index`'s local bytes, once it completed successfully, if it was
+    /// submitted with [`TransferRequest::with_checksum`] and has a non-zero length.
+    pub fn checksum(&self, index: usize) -> Option<u32> {
+        *self.state.entries.get(index)?.checksum.lock()
     }
 
     /// Blocks until every entry is over; returns one result per entry, in order. Entries end by
@@ -270,6 +344,10 @@ pub(crate) struct Chunk {
     pub(crate) remote: Arc<Endpoint>,
     /// Pin of the local region, shared by the chunks of one entry; `None` once reported.
     pub(crate) pin: Option<Arc<InflightGuard>>,
+    /// Offset of this chunk's first byte inside its entry.
+    pub(crate) entry_offset: usize,
+    /// Whether to checksum the chunk's local bytes when it succeeds.
+    pub(crate) checksum: bool,
 }
 
 impl Chunk {
@@ -298,7 +376,15 @@ impl Chunk {
         if let Some(pin) = self.pin.take() {
             // The memory is no longer touched. Report first, then unpin: an `unregister` that
             // sees the pin count reach zero then also sees the entry completed.
-            self.batch.finish_chunk(self.index, result);
+            let piece = (self.checksum && result.is_ok()).then(|| {
+                // SAFETY: the chunk's local range lies inside the region `pin` keeps registered,
+                // and its transport is done with it: nothing writes it until the entry reports.
+                let bytes = unsafe {
+                    std::slice::from_raw_parts(self.local_ptr as *const u8, self.len_bytes)
+                };
+                (self.entry_offset, self.len_bytes, crc32c(bytes))
+            });
+            self.batch.finish_chunk(self.index, result, piece);
             drop(pin);
         }
     }

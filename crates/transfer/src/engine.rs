@@ -597,6 +597,8 @@ impl Inner {
                 remote_offset: request.remote_offset + done as u64,
                 remote: Arc::clone(&request.remote),
                 pin: Some(Arc::clone(&pin)),
+                entry_offset: done,
+                checksum: request.checksum,
             });
             done += this;
         }

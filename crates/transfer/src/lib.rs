@@ -20,7 +20,7 @@ mod shm;
 mod tcp;
 pub mod wire;
 
-pub use batch::{Batch, EntryStatus, Op, TransferRequest};
+pub use batch::{crc32c, crc32c_combine, Batch, EntryStatus, Op, TransferRequest};
 pub use config::{TransferConfig, TransportMode};
 pub use endpoint::{local_host_id, Endpoint};
 pub use engine::{MemoryHandle, SegmentOptions, TransferEngine};

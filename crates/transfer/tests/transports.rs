@@ -79,8 +79,11 @@ fn round_trip_all_sizes(via: Via) {
             segment.id(),
             REMOTE_OFFSET as u64,
         );
-        let results = client.transfer_sync(&[write]);
-        assert_eq!(results, vec![Ok(())], "{via:?} write of {size} bytes");
+        let batch = client.submit(&[write.with_checksum()]);
+        assert_eq!(batch.wait(), vec![Ok(())], "{via:?} write of {size} bytes");
+        // Chunked entries combine their pieces' checksums into the whole value's CRC32C.
+        let expected = crc32c::crc32c(&data);
+        assert_eq!(batch.checksum(0), Some(expected), "{via:?} write checksum");
         let mut got = vec![0u8; size + 2 * GUARD];
         segment.read_at(REMOTE_OFFSET - GUARD, &mut got).unwrap();
         assert!(
@@ -105,11 +108,9 @@ fn round_trip_all_sizes(via: Via) {
             segment.id(),
             REMOTE_OFFSET as u64,
         );
-        assert_eq!(
-            client.transfer_sync(&[read]),
-            vec![Ok(())],
-            "{via:?} read of {size} bytes"
-        );
+        let batch = client.submit(&[read.with_checksum()]);
+        assert_eq!(batch.wait(), vec![Ok(())], "{via:?} read of {size} bytes");
+        assert_eq!(batch.checksum(0), Some(expected), "{via:?} read checksum");
         let mut back = vec![0u8; size + LOCAL_OFFSET + GUARD];
         local.read_at(0, &mut back).unwrap();
         assert!(
@@ -504,6 +505,17 @@ fn zero_length_entries_succeed_and_statuses_can_be_polled() {
     assert_eq!(batch.status(0), Some(EntryStatus::Completed));
     assert_eq!(batch.status(1), Some(EntryStatus::Completed));
     assert_eq!(batch.status(2), None);
+    // No checksum unless asked for; none for a zero-length entry even when asked for.
+    assert_eq!(batch.checksum(1), None);
+    let zero = TransferRequest::read(std::ptr::null_mut(), 0, &remote, segment.id(), 0);
+    let batch = client.submit(&[zero.with_checksum()]);
+    assert_eq!(batch.wait(), vec![Ok(())]);
+    assert_eq!(batch.checksum(0), None);
+    // A failed entry has no checksum.
+    let past_end = TransferRequest::read(local.as_ptr(), 16, &remote, segment.id(), 1 << 20);
+    let batch = client.submit(&[past_end.with_checksum()]);
+    assert!(batch.wait()[0].is_err());
+    assert_eq!(batch.checksum(0), None);
 }
 
 #[test]

@@ -632,11 +632,12 @@ impl StoreClient {
             .map_err(|_| StoreError::InvalidParams("object too large".into()))?;
         // No zero fill: the transfer writes every byte, and the length is set only after it did.
         let mut out: Vec<u8> = Vec::with_capacity(len);
-        self.read_with_fallback(&response, out.as_mut_ptr() as usize, len, 0)
+        let crc = self
+            .read_with_fallback(&response, out.as_mut_ptr() as usize, len, 0)
             .await?;
         // SAFETY: the read succeeded, so the engine wrote all `len` bytes of the capacity.
         unsafe { out.set_len(len) };
-        self.check_read(key, &response, asked, &out)?;
+        self.check_read(key, &response, asked, &out, crc)?;
         Ok(out)
     }
 
@@ -726,22 +727,22 @@ impl StoreClient {
             let outcome = match entry {
                 Err(error) => Err(error),
                 Ok((mut buf, len, response)) => {
-                    let ok = first.get(&i).is_some_and(|r| r.is_ok());
-                    let read = if ok {
-                        Ok(())
-                    } else {
+                    let read = match first.get(&i) {
+                        Some(Ok(crc)) => Ok(*crc),
                         // Fall back replica by replica for this key only.
-                        self.inner
-                            .stats
-                            .replica_fallbacks
-                            .fetch_add(1, Ordering::Relaxed);
-                        self.read_with_fallback(&response, buf.as_mut_ptr() as usize, len, 1)
-                            .await
+                        _ => {
+                            self.inner
+                                .stats
+                                .replica_fallbacks
+                                .fetch_add(1, Ordering::Relaxed);
+                            self.read_with_fallback(&response, buf.as_mut_ptr() as usize, len, 1)
+                                .await
+                        }
                     };
-                    read.and_then(|()| {
+                    read.and_then(|crc| {
                         // SAFETY: the read succeeded, so the engine wrote all `len` bytes.
                         unsafe { buf.set_len(len) };
-                        self.check_read(key, &response, asked, &buf)
+                        self.check_read(key, &response, asked, &buf, crc)
                     })
                     .map(|()| buf)
                 }
@@ -767,6 +768,26 @@ impl StoreClient {
             ));
             return keys.iter().map(|_| Err(e.clone())).collect();
         }
+        self.get_batch_with(keys, |_| {
+            buffers.iter_mut().map(|b| Some(&mut **b)).collect()
+        })
+        .await
+    }
+
+    /// Reads many objects into buffers the caller provides once their sizes are known: one
+    /// master round trip, then `alloc` is called once with each key's size (`None` where the
+    /// lookup failed) and returns one destination per key (`None` to skip the key), then one
+    /// transfer batch. Returns each object's size (the bytes written at the start of its
+    /// buffer). Lets bindings read straight into memory they allocate (a Python `bytes`), with
+    /// no intermediate copy. A missing or short buffer fails that key and leaves it untouched.
+    pub async fn get_batch_with<'b, F>(
+        &self,
+        keys: &[&str],
+        alloc: F,
+    ) -> Vec<Result<u64, StoreError>>
+    where
+        F: FnOnce(&[Option<u64>]) -> Vec<Option<&'b mut [u8]>>,
+    {
         if let Err(error) = self.check_open() {
             return keys.iter().map(|_| Err(error.clone())).collect();
         }
@@ -786,16 +807,29 @@ impl StoreClient {
             }
             Err(error) => return keys.iter().map(|_| Err(error.clone().into())).collect(),
         };
-        let checked: Vec<Result<(u64, GetReplicaListResponse), StoreError>> = responses
+        let located: Vec<Result<(u64, GetReplicaListResponse), StoreError>> = responses
             .into_iter()
             .zip(keys)
-            .zip(buffers.iter())
-            .map(|((r, key), buffer)| {
+            .map(|(r, key)| {
                 let response = r.map_err(StoreError::from)?;
-                let size = object_size(key, &response)?;
-                if (buffer.len() as u64) < size {
+                Ok((object_size(key, &response)?, response))
+            })
+            .collect();
+        let sizes: Vec<Option<u64>> = located
+            .iter()
+            .map(|r| r.as_ref().ok().map(|(size, _)| *size))
+            .collect();
+        let mut buffers = alloc(&sizes);
+        buffers.resize_with(keys.len(), || None);
+        let checked: Vec<Result<(u64, GetReplicaListResponse), StoreError>> = located
+            .into_iter()
+            .zip(&buffers)
+            .map(|(entry, buffer)| {
+                let (size, response) = entry?;
+                let available = buffer.as_ref().map_or(0, |b| b.len() as u64);
+                if buffer.is_none() || available < size {
                     return Err(StoreError::BufferTooSmall {
-                        buffer_bytes: buffer.len() as u64,
+                        buffer_bytes: available,
                         object_bytes: size,
                     });
                 }
@@ -805,12 +839,12 @@ impl StoreClient {
         let first = {
             let mut plan = Vec::new();
             for (i, entry) in checked.iter().enumerate() {
-                if let Ok((size, response)) = entry {
+                if let (Ok((size, response)), Some(buffer)) = (entry, &mut buffers[i]) {
                     let order = self.replica_order(&response.replicas);
                     if let Some(&first) = order.first() {
                         plan.push((
                             i,
-                            buffers[i].as_mut_ptr() as usize,
+                            buffer.as_mut_ptr() as usize,
                             *size as usize,
                             response.replicas[first].clone(),
                         ));
@@ -822,22 +856,23 @@ impl StoreClient {
         let mut results = Vec::with_capacity(keys.len());
         for (i, entry) in checked.into_iter().enumerate() {
             let key = keys[i];
-            let outcome = match entry {
-                Err(error) => Err(error),
-                Ok((size, response)) => {
-                    let out = &mut buffers[i][..size as usize];
-                    let ok = first.get(&i).is_some_and(|r| r.is_ok());
-                    let read = if ok {
-                        Ok(())
-                    } else {
-                        self.inner
-                            .stats
-                            .replica_fallbacks
-                            .fetch_add(1, Ordering::Relaxed);
-                        self.read_with_fallback(&response, out.as_mut_ptr() as usize, out.len(), 1)
-                            .await
+            let outcome = match (entry, &mut buffers[i]) {
+                (Err(error), _) => Err(error),
+                (Ok(_), None) => Err(StoreError::InvalidParams("no buffer".into())),
+                (Ok((size, response)), Some(buffer)) => {
+                    let out = &mut buffer[..size as usize];
+                    let read = match first.get(&i) {
+                        Some(Ok(crc)) => Ok(*crc),
+                        _ => {
+                            self.inner
+                                .stats
+                                .replica_fallbacks
+                                .fetch_add(1, Ordering::Relaxed);
+                            let addr = out.as_mut_ptr() as usize;
+                            self.read_with_fallback(&response, addr, out.len(), 1).await
+                        }
                     };
-                    read.and_then(|()| self.check_read(key, &response, asked, out))
+                    read.and_then(|crc| self.check_read(key, &response, asked, out, crc))
                         .map(|()| size)
                 }
             };
@@ -877,29 +912,30 @@ impl StoreClient {
         asked: Instant,
         out: &mut [u8],
     ) -> Result<(), StoreError> {
-        self.read_with_fallback(response, out.as_mut_ptr() as usize, out.len(), 0)
+        let crc = self
+            .read_with_fallback(response, out.as_mut_ptr() as usize, out.len(), 0)
             .await?;
-        self.check_read(key, response, asked, out)
+        self.check_read(key, response, asked, out, crc)
     }
 
     /// Reads from the replicas in preference order, starting at position `skip`, until one works.
     ///
     /// `[addr, addr + len)` must be writable memory the caller owns for the whole call (it may be
     /// uninitialized: it is only written, by the transfer engine, and a success means every byte
-    /// was written).
+    /// was written). Returns the bytes' CRC32C when checksums are verified (see `read_planned`).
     async fn read_with_fallback(
         &self,
         response: &GetReplicaListResponse,
         addr: usize,
         len: usize,
         skip: usize,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<u32>, StoreError> {
         let order = self.replica_order(&response.replicas);
         let mut last_error = None;
         for &i in order.iter().skip(skip) {
             let plan = [(0usize, addr, len, response.replicas[i].clone())];
             match self.read_planned(&plan).await.remove(&0) {
-                Some(Ok(())) => return Ok(()),
+                Some(Ok(crc)) => return Ok(crc),
                 Some(Err(error)) => {
                     self.inner
                         .stats
@@ -917,7 +953,7 @@ impl StoreClient {
     async fn read_planned(
         &self,
         plan: &[(usize, usize, usize, ReplicaDescriptor)],
-    ) -> HashMap<usize, Result<(), StoreError>> {
+    ) -> HashMap<usize, Result<Option<u32>, StoreError>> {
         let mut results = HashMap::new();
         let pins = match self.pin_all(plan.iter().map(|(_, addr, len, _)| (*addr, *len))) {
             Ok(pins) => pins,
@@ -941,13 +977,17 @@ impl StoreClient {
             match self.endpoint_of(&memory.transport_endpoint) {
                 Ok(endpoint) => {
                     let (segment, offset) = split_address(memory.buffer_address);
-                    requests.push(TransferRequest::read(
+                    let mut request = TransferRequest::read(
                         *addr as *mut u8,
                         *len as u64,
                         &endpoint,
                         segment,
                         offset,
-                    ));
+                    );
+                    // The engine checksums each chunk on the thread that moved it, while the
+                    // bytes are still in that core's cache (and in parallel for split entries).
+                    request.checksum = self.inner.config.verify_checksums;
+                    requests.push(request);
                     tags.push(*tag);
                 }
                 Err(error) => {
@@ -955,21 +995,25 @@ impl StoreClient {
                 }
             }
         }
-        let done = self.inner.engine.submit(&requests).wait_async().await;
+        let batch = self.inner.engine.submit(&requests);
+        let done = batch.wait_async().await;
         drop(pins);
-        for (tag, result) in tags.into_iter().zip(done) {
-            results.insert(tag, result.map_err(StoreError::from));
+        for (index, (tag, result)) in tags.into_iter().zip(done).enumerate() {
+            let read = result.map(|()| batch.checksum(index));
+            results.insert(tag, read.map_err(StoreError::from));
         }
         results
     }
 
-    /// The lease and checksum checks after the bytes arrived.
+    /// The lease and checksum checks after the bytes arrived. `crc` is the CRC32C the transfer
+    /// engine computed over `bytes` as they landed; without it the bytes are checksummed here.
     fn check_read(
         &self,
         key: &str,
         response: &GetReplicaListResponse,
         asked: Instant,
         bytes: &[u8],
+        crc: Option<u32>,
     ) -> Result<(), StoreError> {
         let elapsed_ms = asked.elapsed().as_millis() as u64;
         if response.lease_ttl_ms != u64::MAX && elapsed_ms > response.lease_ttl_ms {
@@ -980,7 +1024,11 @@ impl StoreClient {
         }
         if self.inner.config.verify_checksums {
             if let Some(expected) = response.object_checksum {
-                if checksum_of(&[bytes]) != expected {
+                let actual = match crc {
+                    Some(crc) => u64::from(crc),
+                    None => checksum_of(&[bytes]),
+                };
+                if actual != expected {
                     return Err(StoreError::ChecksumMismatch {
                         key: key.to_string(),
                     });
@@ -1406,10 +1454,20 @@ impl WriteMode {
     }
 }
 
+/// CRC32C (Castagnoli) of the concatenated parts. `crc-fast` folds with VPCLMULQDQ where the CPU
+/// has it (about 2× the `crc32c` crate's SSE4.2 loop here: 57 vs 28 GB/s on cached data) and falls
+/// back to the SSE4.2 instruction or a table elsewhere; the value is the same CRC32C either way.
 fn checksum_of(parts: &[&[u8]]) -> u64 {
-    parts
-        .iter()
-        .fold(0u32, |crc, part| crc32c::crc32c_append(crc, part)) as u64
+    match parts {
+        [one] => crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, one),
+        _ => {
+            let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+            for part in parts {
+                digest.update(part);
+            }
+            digest.finalize()
+        }
+    }
 }
 
 /// The size of an object from its readable replicas.
@@ -1472,5 +1530,29 @@ async fn heartbeat_loop(inner: std::sync::Weak<Inner>, period: Duration) {
                 }
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::checksum_of;
+
+    /// The fast checksum is plain CRC32C: the same value the `crc32c` crate (and the SSD tier)
+    /// computes, for one part and for the same bytes split anywhere.
+    #[test]
+    fn checksum_is_crc32c_of_the_concatenated_parts() {
+        let data: Vec<u8> = (0..300_000u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) as u8)
+            .collect();
+        for len in [0usize, 1, 7, 64, 4096, 65_537, 300_000] {
+            let whole = u64::from(crc32c::crc32c(&data[..len]));
+            assert_eq!(checksum_of(&[&data[..len]]), whole, "len {len}");
+            for split in [0, len / 3, len] {
+                let (a, b) = data[..len].split_at(split);
+                assert_eq!(checksum_of(&[a, b]), whole, "len {len} split {split}");
+                assert_eq!(checksum_of(&[a, &[], b]), whole, "len {len} split {split}");
+            }
+        }
+        assert_ne!(checksum_of(&[b"a"]), checksum_of(&[b"b"]));
     }
 }
