@@ -348,6 +348,8 @@ pub(crate) struct Chunk {
     pub(crate) entry_offset: usize,
     /// Whether to checksum the chunk's local bytes when it succeeds.
     pub(crate) checksum: bool,
+    /// The checksum, when the transport computed it while moving the bytes.
+    pub(crate) crc: Option<u32>,
 }
 
 impl Chunk {
@@ -377,12 +379,15 @@ impl Chunk {
             // The memory is no longer touched. Report first, then unpin: an `unregister` that
             // sees the pin count reach zero then also sees the entry completed.
             let piece = (self.checksum && result.is_ok()).then(|| {
-                // SAFETY: the chunk's local range lies inside the region `pin` keeps registered,
-                // and its transport is done with it: nothing writes it until the entry reports.
-                let bytes = unsafe {
-                    std::slice::from_raw_parts(self.local_ptr as *const u8, self.len_bytes)
-                };
-                (self.entry_offset, self.len_bytes, crc32c(bytes))
+                let crc = self.crc.unwrap_or_else(|| {
+                    // SAFETY: the chunk's local range lies inside the region `pin` keeps
+                    // registered, and its transport is done with it: nothing writes it until
+                    // the entry reports.
+                    crc32c(unsafe {
+                        std::slice::from_raw_parts(self.local_ptr as *const u8, self.len_bytes)
+                    })
+                });
+                (self.entry_offset, self.len_bytes, crc)
             });
             self.batch.finish_chunk(self.index, result, piece);
             drop(pin);

@@ -25,8 +25,8 @@ use mooncake_common::{
 use mooncake_proto::methods as m;
 use mooncake_rpc::ClientConfig;
 use mooncake_transfer::{
-    Endpoint, MemoryHandle, SegmentOptions, TransferConfig, TransferEngine, TransferError,
-    TransferRequest, TransportMode,
+    crc32c_combine, Endpoint, MemoryHandle, SegmentOptions, TransferConfig, TransferEngine,
+    TransferError, TransferRequest, TransportMode,
 };
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -344,7 +344,6 @@ impl StoreClient {
         self.check_open()?;
         let inner = &self.inner;
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
-        let checksum = inner.config.verify_checksums.then(|| checksum_of(parts));
         let replicas = match mode.start(inner, key, total, config).await {
             Ok(replicas) => replicas,
             Err(MasterError::Master(ErrorCode::OBJECT_ALREADY_EXISTS))
@@ -355,7 +354,11 @@ impl StoreClient {
             Err(error) => return Err(error.into()),
         };
         match self.write_replicas(&replicas, parts, total).await {
-            Ok(()) => {
+            Ok(crc) => {
+                let checksum = inner
+                    .config
+                    .verify_checksums
+                    .then(|| crc.map_or_else(|| checksum_of(parts), u64::from));
                 let meta = ObjectMeta {
                     key: key.to_string(),
                     object_checksum: checksum,
@@ -370,13 +373,16 @@ impl StoreClient {
         }
     }
 
-    /// Writes `parts` into every memory replica of `replicas`.
+    /// Writes `parts` into every memory replica of `replicas`. With checksums on, returns the
+    /// CRC32C of the bytes the transfer engine computed while writing the first replica (each
+    /// part on the thread that copied it, while it was in cache); `None` when nothing was
+    /// checksummed (no memory replica, or nothing but empty parts).
     async fn write_replicas(
         &self,
         replicas: &[ReplicaDescriptor],
         parts: &[&[u8]],
         total: u64,
-    ) -> Result<(), StoreError> {
+    ) -> Result<Option<u32>, StoreError> {
         let pins = match self.pin_all(parts.iter().map(|p| (p.as_ptr() as usize, p.len()))) {
             Ok(pins) => pins,
             Err(StoreError::Transfer(TransferError::Overlap { .. })) => {
@@ -389,10 +395,13 @@ impl StoreClient {
             Err(error) => return Err(error),
         };
         let mut requests = Vec::new();
+        // Indices of the checksummed requests, in byte order (the first memory replica's parts).
+        let mut summed = Vec::new();
         for replica in replicas {
             let ReplicaKind::Memory(memory) = &replica.kind else {
                 continue;
             };
+            let checksum = self.inner.config.verify_checksums && summed.is_empty();
             if memory.size != total {
                 return Err(StoreError::InvalidParams(format!(
                     "master allocated {} bytes for a {total}-byte object",
@@ -402,22 +411,35 @@ impl StoreClient {
             let endpoint = self.endpoint_of(&memory.transport_endpoint)?;
             let (segment, mut offset) = split_address(memory.buffer_address);
             for part in parts.iter().filter(|p| !p.is_empty()) {
-                requests.push(TransferRequest::write(
+                let mut request = TransferRequest::write(
                     part.as_ptr(),
                     part.len() as u64,
                     &endpoint,
                     segment,
                     offset,
-                ));
+                );
+                if checksum {
+                    request.checksum = true;
+                    summed.push(requests.len());
+                }
+                requests.push(request);
                 offset += part.len() as u64;
             }
         }
-        let results = self.inner.engine.submit(&requests).wait_async().await;
+        let batch = self.inner.engine.submit(&requests);
+        let results = batch.wait_async().await;
         drop(pins);
         results
             .into_iter()
             .collect::<Result<Vec<()>, TransferError>>()?;
-        Ok(())
+        let mut crc: Option<u32> = None;
+        for index in summed {
+            let (Some(piece), len) = (batch.checksum(index), requests[index].len_bytes) else {
+                return Ok(None);
+            };
+            crc = Some(crc.map_or(piece, |before| crc32c_combine(before, piece, len)));
+        }
+        Ok(crc)
     }
 
     /// Stores many objects: one PutStart batch, one transfer batch, one PutEnd batch.
@@ -466,9 +488,14 @@ impl StoreClient {
         let written = self.write_many(items, &to_write).await;
         let mut ended = Vec::new();
         let mut revoked = Vec::new();
+        // CRC32C the engine computed while writing each item's first replica.
+        let mut crcs: Vec<Option<u32>> = vec![None; items.len()];
         for ((i, _), outcome) in to_write.iter().zip(written) {
             match outcome {
-                Ok(()) => ended.push(*i),
+                Ok(crc) => {
+                    crcs[*i] = crc;
+                    ended.push(*i)
+                }
                 Err(error) => {
                     revoked.push(*i);
                     results[*i] = Some(Err(error));
@@ -487,7 +514,7 @@ impl StoreClient {
                     object_checksum: inner
                         .config
                         .verify_checksums
-                        .then(|| checksum_of(&[items[i].1])),
+                        .then(|| crcs[i].map_or_else(|| checksum_of(&[items[i].1]), u64::from)),
                 })
                 .collect();
             match mode.end_batch(inner, metas).await {
@@ -552,12 +579,13 @@ impl StoreClient {
             .collect()
     }
 
-    /// Writes `items[i]` to `replicas` for every `(i, replicas)`; one result per pair.
+    /// Writes `items[i]` to `replicas` for every `(i, replicas)`; one result per pair, with the
+    /// CRC32C of the first replica's write when checksums are on (see `write_replicas`).
     async fn write_many(
         &self,
         items: &[(&str, &[u8])],
         to_write: &[(usize, Vec<ReplicaDescriptor>)],
-    ) -> Vec<Result<(), StoreError>> {
+    ) -> Vec<Result<Option<u32>, StoreError>> {
         let pins = match self.pin_all(to_write.iter().map(|(i, _)| {
             let value = items[*i].1;
             (value.as_ptr() as usize, value.len())
@@ -580,6 +608,8 @@ impl StoreClient {
         let mut requests = Vec::new();
         let mut owner = Vec::new();
         let mut early: Vec<Option<StoreError>> = vec![None; to_write.len()];
+        // The request whose checksum stands for each slot's value.
+        let mut summed: Vec<Option<usize>> = vec![None; to_write.len()];
         for (slot, (i, replicas)) in to_write.iter().enumerate() {
             let value = items[*i].1;
             for replica in replicas {
@@ -593,27 +623,40 @@ impl StoreClient {
                 match self.endpoint_of(&memory.transport_endpoint) {
                     Ok(endpoint) => {
                         let (segment, offset) = split_address(memory.buffer_address);
-                        requests.push(TransferRequest::write(
+                        let mut request = TransferRequest::write(
                             value.as_ptr(),
                             value.len() as u64,
                             &endpoint,
                             segment,
                             offset,
-                        ));
+                        );
+                        if self.inner.config.verify_checksums && summed[slot].is_none() {
+                            request.checksum = true;
+                            summed[slot] = Some(requests.len());
+                        }
+                        requests.push(request);
                         owner.push(slot);
                     }
                     Err(error) => early[slot] = Some(error),
                 }
             }
         }
-        let results = self.inner.engine.submit(&requests).wait_async().await;
+        let batch = self.inner.engine.submit(&requests);
+        let results = batch.wait_async().await;
         drop(pins);
         for (slot, result) in owner.into_iter().zip(results) {
             if let (Err(error), None) = (result, &early[slot]) {
                 early[slot] = Some(error.into());
             }
         }
-        early.into_iter().map(|e| e.map_or(Ok(()), Err)).collect()
+        early
+            .into_iter()
+            .zip(summed)
+            .map(|(e, summed)| match e {
+                Some(error) => Err(error),
+                None => Ok(summed.and_then(|index| batch.checksum(index))),
+            })
+            .collect()
     }
 
     // ----- reads ---------------------------------------------------------------------------------
