@@ -9,11 +9,12 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
-use futures_util::future::join_all;
+use futures_util::future::{join, join_all};
 use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
 use mooncake_common::{ErrorCode, ReplicateConfig as RsReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::Endpoint;
+use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
@@ -24,9 +25,6 @@ use crate::setup;
 /// Code returned by every call made before `setup` succeeded or after `close`.
 const NOT_READY: i32 = ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS as i32;
 const INVALID: i32 = ErrorCode::INVALID_PARAMS as i32;
-
-/// Values above this are copied to Python bytes with the GIL released.
-const GIL_FREE_COPY_BYTES: usize = 64 << 10;
 
 /// Upper bound of `setup` (connect + mount), whatever the master does.
 const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
@@ -571,39 +569,32 @@ impl Store {
 
     // ----- copying reads -----------------------------------------------------------------------
 
-    /// The value stored under `key`, or b"" when it is missing (or on any error).
-    fn get<'py>(&self, py: Python<'py>, key: &str) -> PyResult<Bound<'py, PyBytes>> {
+    /// The value stored under `key`, or b"" when it is missing (or on any error). The object is
+    /// read straight into the returned `bytes` (no intermediate copy).
+    fn get<'py>(&self, py: Python<'py>, key: &str) -> Bound<'py, PyBytes> {
         let Some(conn) = self.conn() else {
-            return Ok(PyBytes::new(py, b""));
+            return PyBytes::new(py, b"");
         };
-        let value = py.allow_threads(|| conn.block_on(conn.client.get(key)));
-        match value {
-            Ok(bytes) => bytes_of(py, bytes),
-            Err(_) => Ok(PyBytes::new(py, b"")),
+        match read_to_bytes(py, &conn, &[key]).pop().flatten() {
+            Some(object) => object.into_bound(py),
+            None => PyBytes::new(py, b""),
         }
     }
 
-    /// One bytes object per key, in order; b"" for a missing key.
-    fn get_batch<'py>(
-        &self,
-        py: Python<'py>,
-        keys: Vec<String>,
-    ) -> PyResult<Vec<Bound<'py, PyBytes>>> {
+    /// One bytes object per key, in order; b"" for a missing key. One master round trip and one
+    /// transfer batch straight into the returned objects.
+    fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
         let Some(conn) = self.conn() else {
-            return Ok(keys.iter().map(|_| PyBytes::new(py, b"")).collect());
+            return keys.iter().map(|_| PyBytes::new(py, b"")).collect();
         };
         let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
-        let values = py.allow_threads(|| {
-            if refs.is_empty() {
-                return Vec::new();
-            }
-            conn.block_on(conn.client.get_batch(&refs))
-        });
-        values
+        let mut objects = read_to_bytes(py, &conn, &refs);
+        objects.resize_with(refs.len(), || None);
+        objects
             .into_iter()
-            .map(|v| match v {
-                Ok(bytes) => bytes_of(py, bytes),
-                Err(_) => Ok(PyBytes::new(py, b"")),
+            .map(|object| match object {
+                Some(object) => object.into_bound(py),
+                None => PyBytes::new(py, b""),
             })
             .collect()
     }
@@ -715,6 +706,7 @@ impl Store {
     }
 
     /// get_into for many keys: one result per key, in order (bytes read or a negative code).
+    /// One master round trip and one transfer batch for the whole batch.
     fn batch_get_into(
         &self,
         py: Python<'_>,
@@ -729,19 +721,28 @@ impl Store {
             return vec![NOT_READY as i64; keys.len()];
         };
         py.allow_threads(|| {
+            let mut out = vec![0i64; keys.len()];
+            let mut refs = Vec::with_capacity(keys.len());
             let mut buffers = Vec::with_capacity(keys.len());
-            for i in 0..keys.len() {
+            let mut slots = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
                 // SAFETY: upstream's contract: the caller's ranges are writable during the call.
-                buffers.push(unsafe { raw_slice_mut(buffer_ptrs[i], sizes[i]) });
-            }
-            conn.block_on(join_all(keys.iter().zip(buffers).map(
-                |(key, buffer)| async {
-                    match buffer {
-                        Ok(buffer) => to_i64(conn.client.get_into(key, buffer).await),
-                        Err(code) => code as i64,
+                match unsafe { raw_slice_mut(buffer_ptrs[i], sizes[i]) } {
+                    Ok(buffer) => {
+                        refs.push(key.as_str());
+                        buffers.push(buffer);
+                        slots.push(i);
                     }
-                },
-            )))
+                    Err(code) => out[i] = code as i64,
+                }
+            }
+            if !refs.is_empty() {
+                let results = conn.block_on(conn.client.get_batch_into(&refs, &mut buffers));
+                for (slot, result) in slots.into_iter().zip(results) {
+                    out[slot] = to_i64(result);
+                }
+            }
+            out
         })
     }
 
@@ -764,28 +765,70 @@ impl Store {
         };
         let config = config_of(config);
         py.allow_threads(|| {
-            let mut parts: Vec<Result<Vec<&[u8]>, i32>> = Vec::with_capacity(keys.len());
-            for (ptrs, sizes) in all_buffer_ptrs.iter().zip(&all_sizes) {
+            let mut out = vec![0i32; keys.len()];
+            // Keys whose buffers are adjacent are one slice each and go in one put_batch; the
+            // others (scattered buffers) are put one by one, concurrently with the batch.
+            let mut whole: Vec<(&str, &[u8])> = Vec::new();
+            let mut whole_slots = Vec::new();
+            let mut scattered: Vec<(&str, Vec<&[u8]>)> = Vec::new();
+            let mut scattered_slots = Vec::new();
+            for (i, (ptrs, sizes)) in all_buffer_ptrs.iter().zip(&all_sizes).enumerate() {
                 if ptrs.len() != sizes.len() {
-                    parts.push(Err(INVALID));
+                    out[i] = INVALID;
                     continue;
                 }
-                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
-                parts.push(
-                    ptrs.iter()
+                let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
+                let adjacent = !ptrs.is_empty()
+                    && ptrs
+                        .windows(2)
                         .zip(sizes)
+                        .all(|(w, &s)| w[0].checked_add(s) == Some(w[1]));
+                let checked = match total {
+                    None => Err(INVALID),
+                    // SAFETY: upstream's contract: the caller's ranges are readable during the
+                    // call; adjacent ones together form one readable range.
+                    Some(total) if adjacent => unsafe { raw_slice(ptrs[0], total) }.map(|b| {
+                        whole.push((keys[i].as_str(), b));
+                        whole_slots.push(i);
+                    }),
+                    Some(_) => ptrs
+                        .iter()
+                        .zip(sizes)
+                        // SAFETY: as above.
                         .map(|(&p, &s)| unsafe { raw_slice(p, s) })
-                        .collect(),
-                );
+                        .collect::<Result<Vec<_>, i32>>()
+                        .map(|parts| {
+                            scattered.push((keys[i].as_str(), parts));
+                            scattered_slots.push(i);
+                        }),
+                };
+                if let Err(code) = checked {
+                    out[i] = code;
+                }
             }
-            conn.block_on(join_all(keys.iter().zip(&parts).map(
-                |(key, parts)| async {
-                    match parts {
-                        Ok(parts) => put_code(&conn.client.put_parts(key, parts, &config).await),
-                        Err(code) => *code,
+            let client = &conn.client;
+            let config = &config;
+            let (batched, one_by_one) = conn.block_on(join(
+                async {
+                    if whole.is_empty() {
+                        Vec::new()
+                    } else {
+                        client.put_batch(&whole, config).await
                     }
                 },
-            )))
+                join_all(
+                    scattered
+                        .iter()
+                        .map(|(key, parts)| client.put_parts(key, parts, config)),
+                ),
+            ));
+            for (slot, result) in whole_slots.into_iter().zip(&batched) {
+                out[slot] = put_code(result);
+            }
+            for (slot, result) in scattered_slots.into_iter().zip(&one_by_one) {
+                out[slot] = put_code(result);
+            }
+            out
         })
     }
 
@@ -810,11 +853,77 @@ impl Store {
             return vec![NOT_READY as i64; keys.len()];
         };
         py.allow_threads(|| {
-            conn.block_on(join_all(
-                keys.iter()
-                    .zip(all_buffer_ptrs.iter().zip(&all_sizes))
-                    .map(|(key, (ptrs, sizes))| get_into_buffers(&conn.client, key, ptrs, sizes)),
-            ))
+            let mut out = vec![0i64; keys.len()];
+            let mut refs = Vec::with_capacity(keys.len());
+            let mut destinations = Vec::with_capacity(keys.len());
+            let mut slots = Vec::with_capacity(keys.len());
+            for (i, key) in keys.iter().enumerate() {
+                // SAFETY: upstream's contract: every buffer is writable during the call.
+                match unsafe { multi_destination(&all_buffer_ptrs[i], &all_sizes[i]) } {
+                    Ok(destination) => {
+                        refs.push(key.as_str());
+                        destinations.push(destination);
+                        slots.push(i);
+                    }
+                    Err(code) => out[i] = code as i64,
+                }
+            }
+            if refs.is_empty() {
+                return out;
+            }
+            // Private buffers of the scattered keys, sized once the objects' sizes are known.
+            let mut scratch: Vec<Vec<u8>> = Vec::new();
+            let results = {
+                let scratch = &mut scratch;
+                let destinations = &mut destinations;
+                conn.block_on(conn.client.get_batch_with(&refs, move |object_sizes| {
+                    *scratch = destinations
+                        .iter()
+                        .zip(object_sizes)
+                        .map(|(destination, size)| match (destination, size) {
+                            (MultiDestination::Scatter { capacity, .. }, Some(size))
+                                if *size <= *capacity as u64 =>
+                            {
+                                vec![0u8; *size as usize]
+                            }
+                            _ => Vec::new(),
+                        })
+                        .collect();
+                    destinations
+                        .iter_mut()
+                        .zip(scratch.iter_mut())
+                        .zip(object_sizes)
+                        .map(|((destination, private), size)| match destination {
+                            MultiDestination::Direct(buffer) => Some(&mut **buffer),
+                            // An object larger than the buffers gets none: BufferTooSmall.
+                            MultiDestination::Scatter { .. } => size
+                                .filter(|&s| s as usize == private.len())
+                                .map(|_| private.as_mut_slice()),
+                        })
+                        .collect()
+                }))
+            };
+            for (j, (slot, result)) in slots.into_iter().zip(results).enumerate() {
+                out[slot] = match (result, &mut destinations[j]) {
+                    (Ok(n), MultiDestination::Scatter { buffers, .. }) => {
+                        let read = usize::try_from(n)
+                            .ok()
+                            .and_then(|n| scratch.get(j).and_then(|p| p.get(..n)));
+                        let Some(mut rest) = read else {
+                            out[slot] = ErrorCode::INTERNAL_ERROR.as_i32() as i64;
+                            continue;
+                        };
+                        for buffer in buffers.iter_mut() {
+                            let take = buffer.len().min(rest.len());
+                            buffer[..take].copy_from_slice(&rest[..take]);
+                            rest = &rest[take..];
+                        }
+                        to_i64(Ok(n))
+                    }
+                    (result, _) => to_i64(result),
+                }
+            }
+            out
         })
     }
 
@@ -1157,54 +1266,131 @@ impl Store {
     }
 }
 
-/// Python bytes from a Vec (the copy runs without the GIL for large values).
-fn bytes_of(py: Python<'_>, bytes: Vec<u8>) -> PyResult<Bound<'_, PyBytes>> {
-    if bytes.len() < GIL_FREE_COPY_BYTES {
-        return Ok(PyBytes::new(py, &bytes));
+/// A new, uninitialized Python `bytes` object of `len` bytes and its contents, or `None` when
+/// CPython cannot allocate it (the MemoryError is cleared: the key just fails).
+///
+/// # Safety
+/// The slice aliases the object's storage: it must not be used once the object is dropped or
+/// after the object is handed to any other Python code (then bytes are immutable).
+unsafe fn new_bytes<'a>(py: Python<'_>, len: u64) -> Option<(Py<PyBytes>, &'a mut [u8])> {
+    let size = isize::try_from(len).ok()?;
+    // SAFETY: the GIL is held (`py`); a null source asks CPython for uninitialized contents.
+    let raw = unsafe { ffi::PyBytes_FromStringAndSize(std::ptr::null(), size) };
+    if raw.is_null() {
+        let _ = PyErr::take(py);
+        return None;
     }
-    PyBytes::new_with(py, bytes.len(), |out| {
-        py.allow_threads(|| out.copy_from_slice(&bytes));
-        Ok(())
-    })
+    // SAFETY: `raw` is a new (owned) reference to a bytes object.
+    let object: Py<PyBytes> = unsafe { Py::from_owned_ptr(py, raw) };
+    if size == 0 {
+        // CPython may answer with its shared empty singleton: hand out no memory at all.
+        return Some((object, &mut []));
+    }
+    // SAFETY: `raw` is a bytes object, so this returns its `size`-byte storage (never null).
+    let data = unsafe { ffi::PyBytes_AsString(raw) } as *mut u8;
+    if data.is_null() {
+        let _ = PyErr::take(py);
+        return None;
+    }
+    // SAFETY: the object was created just above with refcount 1 and is visible to no other
+    // Python code until our caller returns it, so writing its `size` bytes is exclusive; the
+    // caller keeps `object` alive for as long as the slice is used (function contract).
+    Some((object, unsafe {
+        std::slice::from_raw_parts_mut(data, size as usize)
+    }))
 }
 
-/// Reads `key` into the buffers `(ptrs[j], sizes[j])` in order; the object's length or a code.
-async fn get_into_buffers(client: &StoreClient, key: &str, ptrs: &[usize], sizes: &[usize]) -> i64 {
-    if ptrs.len() != sizes.len() || ptrs.is_empty() {
-        return INVALID as i64;
+/// Reads `keys` straight into new Python `bytes` objects: one master round trip, then (with the
+/// GIL taken once to create every object) one transfer batch that writes into them; no
+/// intermediate buffer and no copy. The GIL is released for the round trip and the transfer.
+/// `None` for a key that failed (missing, or any error).
+fn read_to_bytes(py: Python<'_>, conn: &Connected, keys: &[&str]) -> Vec<Option<Py<PyBytes>>> {
+    if keys.is_empty() {
+        return Vec::new();
     }
-    let capacity: usize = sizes.iter().fold(0usize, |a, &s| a.saturating_add(s));
+    // Each created object with its length, by key position (filled by `alloc`).
+    let mut objects: Vec<Option<(Py<PyBytes>, u64)>> = Vec::new();
+    let results = {
+        let objects = &mut objects;
+        py.allow_threads(|| {
+            conn.block_on(conn.client.get_batch_with(keys, move |sizes| {
+                Python::with_gil(|py| {
+                    let mut destinations = Vec::with_capacity(sizes.len());
+                    for size in sizes {
+                        // SAFETY: every object is kept in `objects` until the read is over and
+                        // is handed to Python only after that (below).
+                        match size.and_then(|len| Some((len, unsafe { new_bytes(py, len) }?))) {
+                            Some((len, (object, memory))) => {
+                                objects.push(Some((object, len)));
+                                destinations.push(Some(memory));
+                            }
+                            None => {
+                                objects.push(None);
+                                destinations.push(None);
+                            }
+                        }
+                    }
+                    destinations
+                })
+            }))
+        })
+    };
+    // The GIL is held again: failed keys' objects are released right here.
+    results
+        .into_iter()
+        .enumerate()
+        .map(|(i, result)| {
+            let (object, len) = objects.get_mut(i).and_then(Option::take)?;
+            match result {
+                // Every byte of the object was written.
+                Ok(n) if n == len => Some(object),
+                _ => None,
+            }
+        })
+        .collect()
+}
+
+/// Where `batch_get_into_multi_buffers` puts one key's object.
+enum MultiDestination<'a> {
+    /// The buffers are adjacent: the transfer writes into them directly.
+    Direct(&'a mut [u8]),
+    /// Scattered buffers (in order) of `capacity` bytes in all: read privately, then copied.
+    Scatter {
+        buffers: Vec<&'a mut [u8]>,
+        capacity: usize,
+    },
+}
+
+/// Checks one key's buffers of `batch_get_into_multi_buffers`.
+///
+/// # Safety
+/// Upstream's contract: each `(ptrs[j], sizes[j])` is writable caller memory during the call.
+unsafe fn multi_destination<'a>(
+    ptrs: &[usize],
+    sizes: &[usize],
+) -> Result<MultiDestination<'a>, i32> {
+    if ptrs.len() != sizes.len() || ptrs.is_empty() {
+        return Err(INVALID);
+    }
+    let capacity = sizes
+        .iter()
+        .try_fold(0usize, |a, &s| a.checked_add(s))
+        .ok_or(INVALID)?;
     let contiguous = ptrs
         .windows(2)
         .zip(sizes)
         .all(|(w, &s)| w[0].checked_add(s) == Some(w[1]));
     if contiguous {
-        // SAFETY: upstream's contract: every buffer is writable during the call; they are
-        // adjacent, so together they form one range.
-        return match unsafe { raw_slice_mut(ptrs[0], capacity) } {
-            Ok(buffer) => to_i64(client.get_into(key, buffer).await),
-            Err(code) => code as i64,
-        };
+        // SAFETY: forwarded contract; adjacent buffers together form one writable range.
+        return Ok(MultiDestination::Direct(unsafe {
+            raw_slice_mut(ptrs[0], capacity)
+        }?));
     }
-    let value = match client.get(key).await {
-        Ok(v) => v,
-        Err(error) => return code_of(&error) as i64,
-    };
-    if value.len() > capacity {
-        return INVALID as i64;
-    }
-    let mut offset = 0usize;
-    for (&ptr, &size) in ptrs.iter().zip(sizes) {
-        if offset >= value.len() {
-            break;
-        }
-        let n = size.min(value.len() - offset);
-        // SAFETY: upstream's contract: each buffer is writable for `size` >= `n` bytes.
-        match unsafe { raw_slice_mut(ptr, n) } {
-            Ok(dest) => dest.copy_from_slice(&value[offset..offset + n]),
-            Err(code) => return code as i64,
-        }
-        offset += n;
-    }
-    value.len() as i64
+    let buffers = ptrs
+        .iter()
+        .zip(sizes)
+        // SAFETY: forwarded contract.
+        .map(|(&p, &s)| unsafe { raw_slice_mut(p, s) })
+        .collect::<Result<Vec<_>, i32>>()?;
+    Ok(MultiDestination::Scatter { buffers, capacity })
 }

@@ -33,6 +33,16 @@ def test_threads_hammering_one_store(store, key):
                 assert store.get_into(k + "/z", out.ctypes.data, out.nbytes) == 4096
                 assert (out == t).all()
                 assert store.batch_is_exist([k, k + "/none"]) == [1, 0]
+                # Batch reads (the GIL is retaken mid-call to create the bytes objects).
+                got = store.get_batch([k, k + "/none", k + "/z"])
+                assert got[:2] == [bytes([t]) * 100, b""] and got[2] == bytes(buf), t
+                out[:] = 0
+                half = out.nbytes // 2
+                rcs = store.batch_get_into([k + "/z", k + "/none", k], [out.ctypes.data,
+                                           out.ctypes.data + half, out.ctypes.data + half],
+                                           [half, half, half])
+                assert rcs == [-600, -704, 100], rcs
+                assert (out[half:half + 100] == t).all() and (out[:half] == 0).all()
         except Exception as e:  # noqa
             errors.append((t, repr(e)))
 
