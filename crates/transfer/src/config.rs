@@ -80,6 +80,11 @@ pub struct TransferConfig {
     /// of one `submit` add up to at most this many bytes; the rest go to the copy threads,
     /// split over them when large. Default 1 MiB; 0 disables.
     pub inline_copy_max_bytes: usize,
+    /// Local and shared-memory entries of at least this many bytes are split into
+    /// `copy_threads` pieces (each `min_chunk_bytes..=max_chunk_bytes`) copied at once: the
+    /// copy threads take all but one, the submitting thread copies the first itself when it fits
+    /// the inline budget. Default 2 MiB (a 1 MiB copy on the caller beats a hand-off here).
+    pub parallel_copy_min_bytes: usize,
     /// How long `unregister` waits for in-flight transfers. Default 10 s.
     pub unregister_timeout_ms: u64,
     /// A pooled connection with nothing to do closes after this long. Default 60 s.
@@ -108,6 +113,7 @@ impl Default for TransferConfig {
             max_server_connections: 1024,
             copy_threads: 2,
             inline_copy_max_bytes: 1 << 20,
+            parallel_copy_min_bytes: 2 << 20,
             unregister_timeout_ms: 10_000,
             idle_connection_ms: 60_000,
             max_batch_entries: 65_536,

@@ -486,7 +486,7 @@ impl Inner {
     fn chunk_len(&self, len: usize, route: Route) -> usize {
         let stripes = match route {
             Route::Tcp => self.config.connections_per_peer,
-            Route::Local | Route::Shm if len <= self.config.inline_copy_max_bytes => 1,
+            Route::Local | Route::Shm if len < self.config.parallel_copy_min_bytes => 1,
             Route::Local | Route::Shm => self.config.copy_threads,
         };
         if stripes == 1 && route != Route::Tcp {
@@ -516,26 +516,28 @@ impl Inner {
         // At most this many bytes per submit are copied on the caller's thread; the rest of a
         // large batch goes to the copy threads, so submit stays short for async callers.
         let mut inline_budget = self.config.inline_copy_max_bytes as u64;
+        // Copied on this thread once every other chunk was handed out (so the copy threads and
+        // TCP connections already work in parallel meanwhile).
+        let mut inline_chunks: Vec<(Route, Chunk)> = Vec::new();
         for (index, request) in requests.iter().enumerate() {
             match self.plan(&state, index, request) {
                 Ok((_, chunks)) if chunks.is_empty() => state.finish_entry(index, Ok(())),
                 Ok((route, chunks)) => {
                     state.set_chunks(index, chunks.len());
-                    let inline = route != Route::Tcp
-                        && request.len_bytes <= inline_budget
+                    let may_inline = route != Route::Tcp
                         && (route == Route::Local
                             || self.shm_mapped(&request.remote, request.segment_id));
-                    if inline {
-                        inline_budget -= request.len_bytes;
-                    }
-                    for chunk in chunks {
+                    for (position, chunk) in chunks.into_iter().enumerate() {
+                        // The first piece of an entry may stay here; the others of a split
+                        // entry always go to the copy threads, to run in parallel with it.
+                        let inline =
+                            may_inline && position == 0 && chunk.len_bytes as u64 <= inline_budget;
+                        if inline {
+                            inline_budget -= chunk.len_bytes as u64;
+                            inline_chunks.push((route, chunk));
+                            continue;
+                        }
                         match route {
-                            Route::Local if inline => {
-                                let mut chunk = chunk;
-                                let result = self.copy_local(&mut chunk);
-                                chunk.finish(result);
-                            }
-                            Route::Shm if inline => self.copy_shm(chunk),
                             Route::Tcp => tcp_groups
                                 .entry((
                                     request.remote.instance_id(),
@@ -554,6 +556,15 @@ impl Inner {
         }
         for (_, chunks) in tcp_groups {
             self.send_tcp(chunks);
+        }
+        for (route, mut chunk) in inline_chunks {
+            match route {
+                Route::Local => {
+                    let result = self.copy_local(&mut chunk);
+                    chunk.finish(result);
+                }
+                _ => self.copy_shm(chunk),
+            }
         }
         Batch::new(state)
     }

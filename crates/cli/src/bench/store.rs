@@ -70,6 +70,8 @@ pub struct Args {
     /// Skip the CRC32C recorded at PutEnd and checked on every get (upstream has none).
     #[arg(long)]
     pub no_checksums: bool,
+    #[command(flatten)]
+    pub copy: CopyTuning,
     /// Upstream's table (e.g. ../shared/bench/peer/reference/upstream_results.txt): adds a
     /// column with our ops/s divided by upstream's for the same case and value.
     #[arg(long)]
@@ -115,6 +117,53 @@ pub struct PeerArgs {
     pub busy_poll_us: u64,
     #[arg(long)]
     pub no_checksums: bool,
+    #[command(flatten)]
+    pub copy: CopyTuning,
+}
+
+/// Transfer-engine copy settings, to compare them in one run.
+#[derive(Debug, Clone, Default, clap::Args)]
+pub struct CopyTuning {
+    /// Transfer engine: memcpy threads for local and shared-memory entries (default: the
+    /// engine's).
+    #[arg(long)]
+    pub copy_threads: Option<usize>,
+    /// Transfer engine: bytes per submit the calling thread copies itself.
+    #[arg(long, value_parser = crate::node::parse_size_arg)]
+    pub inline_copy_bytes: Option<u64>,
+    /// Transfer engine: entries from this size on are split over the copy threads.
+    #[arg(long, value_parser = crate::node::parse_size_arg)]
+    pub parallel_copy_bytes: Option<u64>,
+}
+
+impl CopyTuning {
+    fn apply(&self, config: &mut mooncake_transfer::TransferConfig) {
+        if let Some(n) = self.copy_threads {
+            config.copy_threads = n;
+        }
+        if let Some(n) = self.inline_copy_bytes {
+            config.inline_copy_max_bytes = n as usize;
+        }
+        if let Some(n) = self.parallel_copy_bytes {
+            config.parallel_copy_min_bytes = n as usize;
+        }
+    }
+
+    /// The same flags for the peer process.
+    fn to_args(&self) -> Vec<String> {
+        let mut out = Vec::new();
+        for (flag, value) in [
+            ("--copy-threads", self.copy_threads.map(|n| n as u64)),
+            ("--inline-copy-bytes", self.inline_copy_bytes),
+            ("--parallel-copy-bytes", self.parallel_copy_bytes),
+        ] {
+            if let Some(v) = value {
+                out.push(flag.to_string());
+                out.push(v.to_string());
+            }
+        }
+        out
+    }
 }
 
 /// One row of the table.
@@ -686,6 +735,7 @@ fn client_config(
     transport: TransportMode,
     busy_us: u64,
     checksums: bool,
+    copy: &CopyTuning,
 ) -> StoreConfig {
     let mut config = StoreConfig {
         master_addr: master.to_string(),
@@ -698,6 +748,7 @@ fn client_config(
     if busy_us > 0 {
         config.rpc.busy_poll = Some(Duration::from_micros(busy_us));
     }
+    copy.apply(&mut config.transfer);
     config
 }
 
@@ -731,6 +782,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             args.transport,
             args.busy_poll_us,
             !args.no_checksums,
+            &args.copy,
         ))
         .await
         .context("client A")?;
@@ -961,6 +1013,7 @@ async fn run_cross(
                 ])
                 .args(["--busy-poll-us", &args.busy_poll_us.to_string()])
                 .args(args.no_checksums.then_some("--no-checksums"))
+                .args(args.copy.to_args())
                 .stderr(Stdio::inherit())
                 .output()
         }
@@ -986,6 +1039,7 @@ pub fn run_peer(args: PeerArgs) -> anyhow::Result<()> {
             args.transport,
             args.busy_poll_us,
             !args.no_checksums,
+            &args.copy,
         ))
         .await
         .context("client B")?;
