@@ -33,6 +33,10 @@ pub struct SegmentOptions {
     pub shareable: bool,
     /// Try 2 MiB pages first (falls back to normal pages). Default false.
     pub huge_pages: bool,
+    /// Back every page with memory at allocation (`MADV_POPULATE_WRITE`). Default true:
+    /// a store contributes its segment up front, and the first puts into it run at memcpy
+    /// speed instead of page-faulting.
+    pub populate: bool,
 }
 
 impl Default for SegmentOptions {
@@ -40,6 +44,7 @@ impl Default for SegmentOptions {
         SegmentOptions {
             shareable: true,
             huge_pages: false,
+            populate: true,
         }
     }
 }
@@ -272,11 +277,14 @@ impl TransferEngine {
             .checked_add(inner.page_bytes)
             .ok_or_else(|| TransferError::InvalidParams(format!("size {size_bytes} too large")))?;
         let name = format!("mooncake-segment-{size_bytes}");
-        let mapping = Arc::new(Mapping::allocate(&name, total.max(1), options.huge_pages)?);
         if size_bytes == 0 {
             return Err(TransferError::InvalidParams(
                 "a segment needs a non-zero size".into(),
             ));
+        }
+        let mapping = Arc::new(Mapping::allocate(&name, total.max(1), options.huge_pages)?);
+        if options.populate {
+            mapping.populate()?;
         }
         // SAFETY: control < total <= mapping length, page aligned, so 8-byte aligned.
         unsafe { shm::control_word(mapping.as_ptr(), control) }

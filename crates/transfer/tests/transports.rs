@@ -400,7 +400,7 @@ fn shm_maps_only_shareable_segments_and_auto_falls_back_to_tcp() {
             4096,
             SegmentOptions {
                 shareable: false,
-                huge_pages: false,
+                ..SegmentOptions::default()
             },
         )
         .unwrap();

@@ -134,6 +134,9 @@ pub struct CopyTuning {
     /// Transfer engine: entries from this size on are split over the copy threads.
     #[arg(long, value_parser = crate::node::parse_size_arg)]
     pub parallel_copy_bytes: Option<u64>,
+    /// Transfer engine: TCP connections per peer (large entries are striped over them).
+    #[arg(long)]
+    pub tcp_connections: Option<usize>,
 }
 
 impl CopyTuning {
@@ -147,6 +150,9 @@ impl CopyTuning {
         if let Some(n) = self.parallel_copy_bytes {
             config.parallel_copy_min_bytes = n as usize;
         }
+        if let Some(n) = self.tcp_connections {
+            config.connections_per_peer = n;
+        }
     }
 
     /// The same flags for the peer process.
@@ -156,6 +162,7 @@ impl CopyTuning {
             ("--copy-threads", self.copy_threads.map(|n| n as u64)),
             ("--inline-copy-bytes", self.inline_copy_bytes),
             ("--parallel-copy-bytes", self.parallel_copy_bytes),
+            ("--tcp-connections", self.tcp_connections.map(|n| n as u64)),
         ] {
             if let Some(v) = value {
                 out.push(flag.to_string());
