@@ -569,20 +569,20 @@ impl Store {
 
     // ----- copying reads -----------------------------------------------------------------------
 
-    /// The value stored under `key`, or b"" when it is missing (or on any error). The object is
-    /// read straight into the returned `bytes` (no intermediate copy).
+    /// The value stored under `key`, or b"" when it is missing (or on any error). A value of
+    /// 64 KiB or more is read straight into the returned `bytes` (no intermediate copy).
     fn get<'py>(&self, py: Python<'py>, key: &str) -> Bound<'py, PyBytes> {
         let Some(conn) = self.conn() else {
             return PyBytes::new(py, b"");
         };
-        match read_to_bytes(py, &conn, &[key]).pop().flatten() {
-            Some(object) => object.into_bound(py),
-            None => PyBytes::new(py, b""),
-        }
+        read_to_bytes(py, &conn, &[key])
+            .pop()
+            .flatten()
+            .unwrap_or_else(|| PyBytes::new(py, b""))
     }
 
     /// One bytes object per key, in order; b"" for a missing key. One master round trip and one
-    /// transfer batch straight into the returned objects.
+    /// transfer batch (values of 64 KiB or more straight into the returned objects).
     fn get_batch<'py>(&self, py: Python<'py>, keys: Vec<String>) -> Vec<Bound<'py, PyBytes>> {
         let Some(conn) = self.conn() else {
             return keys.iter().map(|_| PyBytes::new(py, b"")).collect();
@@ -592,10 +592,7 @@ impl Store {
         objects.resize_with(refs.len(), || None);
         objects
             .into_iter()
-            .map(|object| match object {
-                Some(object) => object.into_bound(py),
-                None => PyBytes::new(py, b""),
-            })
+            .map(|object| object.unwrap_or_else(|| PyBytes::new(py, b"")))
             .collect()
     }
 
@@ -1300,52 +1297,100 @@ unsafe fn new_bytes<'a>(py: Python<'_>, len: u64) -> Option<(Py<PyBytes>, &'a mu
     }))
 }
 
-/// Reads `keys` straight into new Python `bytes` objects: one master round trip, then (with the
-/// GIL taken once to create every object) one transfer batch that writes into them; no
-/// intermediate buffer and no copy. The GIL is released for the round trip and the transfer.
-/// `None` for a key that failed (missing, or any error).
-fn read_to_bytes(py: Python<'_>, conn: &Connected, keys: &[&str]) -> Vec<Option<Py<PyBytes>>> {
+/// Values at least this large are read straight into their `bytes` object (the GIL is taken
+/// once, mid-call, to create them). Smaller ones land in one scratch buffer and are copied into
+/// `bytes` at the end: for them the copy costs less than retaking the GIL, which can also wait
+/// up to the interpreter's switch interval when other threads are busy.
+const DIRECT_BYTES_MIN: u64 = 64 << 10;
+
+/// Where one key of [`read_to_bytes`] lands.
+enum Landing {
+    Failed,
+    /// Read straight into this new object of this many bytes.
+    Direct(Py<PyBytes>, u64),
+    /// Read into `scratch[range]`.
+    Scratch(std::ops::Range<usize>),
+}
+
+/// Hands out one destination per key: scratch space for small values, new `bytes` objects for
+/// large ones when `py` is given (the GIL is held), nothing for failed lookups.
+fn land<'b>(
+    sizes: &[Option<u64>],
+    py: Option<Python<'_>>,
+    scratch: &'b mut [u8],
+    landings: &mut Vec<Landing>,
+) -> Vec<Option<&'b mut [u8]>> {
+    let mut rest = scratch;
+    let mut offset = 0usize;
+    let mut destinations = Vec::with_capacity(sizes.len());
+    for size in sizes {
+        let (landing, destination) = match *size {
+            Some(len) if len < DIRECT_BYTES_MIN => {
+                let len = len as usize;
+                let (head, tail) = std::mem::take(&mut rest).split_at_mut(len);
+                rest = tail;
+                offset += len;
+                (Landing::Scratch(offset - len..offset), Some(head))
+            }
+            // SAFETY: the object stays in `landings` until the read is over and is handed to
+            // Python only after that (`read_to_bytes`).
+            Some(len) => match py.and_then(|py| unsafe { new_bytes(py, len) }) {
+                Some((object, memory)) => (Landing::Direct(object, len), Some(memory)),
+                None => (Landing::Failed, None),
+            },
+            None => (Landing::Failed, None),
+        };
+        landings.push(landing);
+        destinations.push(destination);
+    }
+    destinations
+}
+
+/// Reads `keys` into new Python `bytes` objects: one master round trip, then one transfer batch.
+/// Values of [`DIRECT_BYTES_MIN`] or more are written straight into their `bytes` object (no
+/// intermediate buffer, no copy; the GIL is taken once for the whole batch to create them);
+/// smaller ones go through one scratch buffer. The GIL is released for the round trip and the
+/// transfer. `None` for a key that failed (missing, or any error).
+fn read_to_bytes<'py>(
+    py: Python<'py>,
+    conn: &Connected,
+    keys: &[&str],
+) -> Vec<Option<Bound<'py, PyBytes>>> {
     if keys.is_empty() {
         return Vec::new();
     }
-    // Each created object with its length, by key position (filled by `alloc`).
-    let mut objects: Vec<Option<(Py<PyBytes>, u64)>> = Vec::new();
+    let mut landings: Vec<Landing> = Vec::with_capacity(keys.len());
+    let mut scratch: Vec<u8> = Vec::new();
     let results = {
-        let objects = &mut objects;
+        let landings = &mut landings;
+        let scratch = &mut scratch;
         py.allow_threads(|| {
             conn.block_on(conn.client.get_batch_with(keys, move |sizes| {
-                Python::with_gil(|py| {
-                    let mut destinations = Vec::with_capacity(sizes.len());
-                    for size in sizes {
-                        // SAFETY: every object is kept in `objects` until the read is over and
-                        // is handed to Python only after that (below).
-                        match size.and_then(|len| Some((len, unsafe { new_bytes(py, len) }?))) {
-                            Some((len, (object, memory))) => {
-                                objects.push(Some((object, len)));
-                                destinations.push(Some(memory));
-                            }
-                            None => {
-                                objects.push(None);
-                                destinations.push(None);
-                            }
-                        }
-                    }
-                    destinations
-                })
+                let small_bytes: u64 = sizes
+                    .iter()
+                    .flatten()
+                    .filter(|&&len| len < DIRECT_BYTES_MIN)
+                    .sum();
+                *scratch = vec![0u8; small_bytes as usize];
+                if sizes.iter().flatten().any(|&len| len >= DIRECT_BYTES_MIN) {
+                    Python::with_gil(move |py| land(sizes, Some(py), scratch, landings))
+                } else {
+                    land(sizes, None, scratch, landings)
+                }
             }))
         })
     };
     // The GIL is held again: failed keys' objects are released right here.
+    let mut landings = landings.into_iter();
     results
         .into_iter()
-        .enumerate()
-        .map(|(i, result)| {
-            let (object, len) = objects.get_mut(i).and_then(Option::take)?;
-            match result {
-                // Every byte of the object was written.
-                Ok(n) if n == len => Some(object),
-                _ => None,
+        .map(|result| match (result, landings.next()?) {
+            // Every byte of the object was written.
+            (Ok(n), Landing::Direct(object, len)) if n == len => Some(object.into_bound(py)),
+            (Ok(n), Landing::Scratch(range)) if n == range.len() as u64 => {
+                Some(PyBytes::new(py, scratch.get(range)?))
             }
+            _ => None,
         })
         .collect()
 }

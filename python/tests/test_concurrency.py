@@ -33,7 +33,12 @@ def test_threads_hammering_one_store(store, key):
                 assert store.get_into(k + "/z", out.ctypes.data, out.nbytes) == 4096
                 assert (out == t).all()
                 assert store.batch_is_exist([k, k + "/none"]) == [1, 0]
-                # Batch reads (the GIL is retaken mid-call to create the bytes objects).
+                # Batch reads; a value of 64 KiB or more makes the call retake the GIL mid-call
+                # to create its bytes object while the other threads run Python code.
+                if r % 8 == 0:
+                    assert store.put(k + "/big", bytes([t]) * 70_001) == 0
+                    got = store.get_batch([k + "/big", k, k + "/none"])
+                    assert got == [bytes([t]) * 70_001, bytes([t]) * 100, b""], t
                 got = store.get_batch([k, k + "/none", k + "/z"])
                 assert got[:2] == [bytes([t]) * 100, b""] and got[2] == bytes(buf), t
                 out[:] = 0
