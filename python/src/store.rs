@@ -1089,16 +1089,30 @@ impl Store {
         let conn = self.conn();
         let results: Vec<Vec<ReplicaDescriptor>> = match &conn {
             None => keys.iter().map(|_| Vec::new()).collect(),
+            // One BatchGetReplicaList for all keys.
+            Some(_) if keys.is_empty() => Vec::new(),
             Some(conn) => py.allow_threads(|| {
-                conn.block_on(join_all(
-                    keys.iter().map(|k| conn.client.get_replica_desc(k)),
-                ))
-                .into_iter()
-                .map(|r| {
-                    r.map(|v| v.into_iter().map(ReplicaDescriptor::from).collect())
-                        .unwrap_or_default()
-                })
-                .collect()
+                let answer = conn.block_on(
+                    conn.client
+                        .master()
+                        .batch_get_replica_list(keys.clone(), &conn.tenant),
+                );
+                match answer {
+                    Ok(results) if results.len() == keys.len() => results
+                        .into_iter()
+                        .map(|r| {
+                            r.map(|response| {
+                                response
+                                    .replicas
+                                    .into_iter()
+                                    .map(ReplicaDescriptor::from)
+                                    .collect()
+                            })
+                            .unwrap_or_default()
+                        })
+                        .collect(),
+                    _ => keys.iter().map(|_| Vec::new()).collect(),
+                }
             }),
         };
         for (key, descs) in keys.iter().zip(results) {

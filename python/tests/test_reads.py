@@ -178,3 +178,17 @@ def test_put_multi_buffers_mixed_batch(store, key):
                                              [[10], [10]])
     assert res == [INVALID_PARAMS, 0]
     assert store.get(key + "/ok") == a[:10]
+
+
+def test_batch_get_replica_desc_per_key(store, key):
+    """One BatchGetReplicaList: each key maps to its own replicas ([] when missing)."""
+    sizes = {key + "/a": 10, key + "/b": 70_001, key + "/c": 1}
+    for k, n in sizes.items():
+        assert store.put(k, pattern(n, 21)) == 0
+    asked = [key + "/b", key + "/missing", key + "/a", key + "/c"]
+    m = store.batch_get_replica_desc(asked)
+    assert sorted(m) == sorted(asked) and m[key + "/missing"] == []
+    for k, n in sizes.items():
+        (desc,) = m[k]
+        assert desc.get_memory_descriptor().buffer_descriptor.size == n, k
+    assert store.batch_get_replica_desc([]) == {}
