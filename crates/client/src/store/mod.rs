@@ -770,18 +770,10 @@ impl StoreClient {
             let outcome = match entry {
                 Err(error) => Err(error),
                 Ok((mut buf, len, response)) => {
-                    let read = match first.get(&i) {
-                        Some(Ok(crc)) => Ok(*crc),
-                        // Fall back replica by replica for this key only.
-                        _ => {
-                            self.inner
-                                .stats
-                                .replica_fallbacks
-                                .fetch_add(1, Ordering::Relaxed);
-                            self.read_with_fallback(&response, buf.as_mut_ptr() as usize, len, 1)
-                                .await
-                        }
-                    };
+                    let addr = buf.as_mut_ptr() as usize;
+                    let read = self
+                        .after_first_read(first.get(&i), &response, addr, len)
+                        .await;
                     read.and_then(|crc| {
                         // SAFETY: the read succeeded, so the engine wrote all `len` bytes.
                         unsafe { buf.set_len(len) };
@@ -904,17 +896,23 @@ impl StoreClient {
                 (Ok(_), None) => Err(StoreError::InvalidParams("no buffer".into())),
                 (Ok((size, response)), Some(buffer)) => {
                     let out = &mut buffer[..size as usize];
-                    let read = match first.get(&i) {
-                        Some(Ok(crc)) => Ok(*crc),
-                        _ => {
-                            self.inner
-                                .stats
-                                .replica_fallbacks
-                                .fetch_add(1, Ordering::Relaxed);
-                            let addr = out.as_mut_ptr() as usize;
-                            self.read_with_fallback(&response, addr, out.len(), 1).await
-                        }
-                    };
+                    if let Some(Err(StoreError::Transfer(TransferError::Overlap { .. }))) =
+                        first.get(&i)
+                    {
+                        // The buffer overlaps memory a concurrent operation registered: read
+                        // privately, then copy.
+                        let mut private = vec![0u8; out.len()];
+                        let read = self.read_into(key, &response, asked, &mut private).await;
+                        results.push(read.map(|()| {
+                            out.copy_from_slice(&private);
+                            size
+                        }));
+                        continue;
+                    }
+                    let addr = out.as_mut_ptr() as usize;
+                    let read = self
+                        .after_first_read(first.get(&i), &response, addr, out.len())
+                        .await;
                     read.and_then(|crc| self.check_read(key, &response, asked, out, crc))
                         .map(|()| size)
                 }
@@ -946,6 +944,34 @@ impl StoreClient {
             .collect();
         ranked.sort_by_key(|&(rank, i)| (rank, i));
         ranked.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// The outcome of a key of a batch read after its first attempt (`first`, from
+    /// `read_planned`): that attempt's checksum when it worked, else a read from the remaining
+    /// replicas; when there are none, the first attempt's error (not a bare "no replica").
+    async fn after_first_read(
+        &self,
+        first: Option<&Result<Option<u32>, StoreError>>,
+        response: &GetReplicaListResponse,
+        addr: usize,
+        len: usize,
+    ) -> Result<Option<u32>, StoreError> {
+        if let Some(Ok(crc)) = first {
+            return Ok(*crc);
+        }
+        self.inner
+            .stats
+            .replica_fallbacks
+            .fetch_add(1, Ordering::Relaxed);
+        match self.read_with_fallback(response, addr, len, 1).await {
+            Err(StoreError::NoReadableReplica { .. }) if first.is_some_and(|r| r.is_err()) => {
+                match first {
+                    Some(Err(error)) => Err(error.clone()),
+                    _ => Err(StoreError::NoReadableReplica { key: String::new() }),
+                }
+            }
+            other => other,
+        }
     }
 
     async fn read_into(
