@@ -57,7 +57,11 @@ pub struct TransferConfig {
     pub shm_socket_mode: u32,
     /// Host identity for same-host detection. Default: `MOONCAKE_HOST_ID`, boot id, host name.
     pub host_id: Option<String>,
-    /// Long-lived TCP connections per peer (chunks of large entries spread over them). Default 4.
+    /// Long-lived TCP connections per peer (chunks of large entries spread over them). Default:
+    /// the number of cores, at most 4. Each connection has a sending and a receiving thread
+    /// here and a serving thread on the peer, so more connections than cores only add context
+    /// switches: on 2 cores, 1 MiB cross-process gets ran at 2,500-2,800/s with 1 or 2
+    /// connections and 1,900/s with 4.
     pub connections_per_peer: usize,
     /// Requests in flight per connection (pipelining). Default 16.
     pub pipeline_depth: usize,
@@ -103,7 +107,8 @@ impl Default for TransferConfig {
             shm_socket_dir: std::env::temp_dir().join("mooncake-transfer"),
             shm_socket_mode: 0o600,
             host_id: None,
-            connections_per_peer: 4,
+            connections_per_peer: std::thread::available_parallelism()
+                .map_or(4, |cores| cores.get().clamp(1, 4)),
             pipeline_depth: 16,
             max_chunk_bytes: 4 << 20,
             min_chunk_bytes: 256 << 10,
