@@ -64,9 +64,10 @@ pub struct Args {
     /// Ping-pong round trips for the floor.
     #[arg(long, default_value_t = 20_000)]
     pub pingpong_iterations: usize,
-    /// Spin on the master socket for this long before parking (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub busy_poll_us: u64,
+    /// The client's master connection polls its socket this long after each answer before
+    /// parking (0 = off; default: the client's default, 100 µs).
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
     /// Skip the CRC32C recorded at PutEnd and checked on every get (upstream has none).
     #[arg(long)]
     pub no_checksums: bool,
@@ -113,8 +114,8 @@ pub struct PeerArgs {
     pub max_window: usize,
     #[arg(long, default_value = "auto")]
     pub transport: TransportMode,
-    #[arg(long, default_value_t = 0)]
-    pub busy_poll_us: u64,
+    #[arg(long)]
+    pub busy_poll_us: Option<u64>,
     #[arg(long)]
     pub no_checksums: bool,
     #[command(flatten)]
@@ -740,7 +741,7 @@ fn client_config(
     master: &str,
     segment: u64,
     transport: TransportMode,
-    busy_us: u64,
+    busy_us: Option<u64>,
     checksums: bool,
     copy: &CopyTuning,
 ) -> StoreConfig {
@@ -752,8 +753,8 @@ fn client_config(
         verify_checksums: checksums,
         ..StoreConfig::default()
     };
-    if busy_us > 0 {
-        config.rpc.busy_poll = Some(Duration::from_micros(busy_us));
+    if let Some(us) = busy_us {
+        config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
     }
     copy.apply(&mut config.transfer);
     config
@@ -852,10 +853,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .unwrap_or_default()
     };
     println!(
-        "mooncake-rs store bench {}: transport {:?}, CRC32C {}, segment(A) {}, peer segment(B) 0, master {}",
+        "mooncake-rs store bench {}: transport {:?}, CRC32C {}, client busy-poll {}, segment(A) {}, peer segment(B) 0, master {}",
         env!("CARGO_PKG_VERSION"),
         args.transport,
         if args.no_checksums { "off" } else { "on (put and get)" },
+        match args.busy_poll_us {
+            Some(0) => "off".to_string(),
+            Some(us) => format!("{us} us"),
+            None => format!(
+                "{} us (default)",
+                mooncake_rpc::client::DEFAULT_BUSY_POLL.as_micros()
+            ),
+        },
         fmt_size(args.segment_size),
         if args.master.is_some() {
             master.clone()
@@ -1018,7 +1027,12 @@ async fn run_cross(
                     "--transport",
                     &format!("{:?}", args.transport).to_lowercase(),
                 ])
-                .args(["--busy-poll-us", &args.busy_poll_us.to_string()])
+                .args(
+                    args.busy_poll_us
+                        .map(|us| ["--busy-poll-us".to_string(), us.to_string()])
+                        .into_iter()
+                        .flatten(),
+                )
                 .args(args.no_checksums.then_some("--no-checksums"))
                 .args(args.copy.to_args())
                 .stderr(Stdio::inherit())
