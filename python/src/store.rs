@@ -431,6 +431,13 @@ impl Store {
                 .unwrap_or(true),
             ..StoreConfig::default()
         };
+        let mut config = config;
+        if let Some(us) = std::env::var("MC_RS_BUSY_POLL_US")
+            .ok()
+            .and_then(|v| v.trim().parse::<u64>().ok())
+        {
+            config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
+        }
         let outcome = py.allow_threads(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()
                 .worker_threads(io_threads)

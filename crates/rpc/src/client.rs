@@ -60,12 +60,13 @@ pub struct ClientConfig {
     /// Deadline of one call, from send to answer.
     pub call_timeout: Duration,
     pub max_frame_bytes: usize,
-    /// Low-latency mode: after each read the connection's reader keeps polling the socket for
-    /// up to this long before parking in epoll, so the answer to a call sent meanwhile (the
-    /// next call of a sequential caller) is picked up without waking a parked thread
-    /// (sequential 4 KiB gets went from 1.3× to 0.8× a blocking-read ping-pong between two
-    /// processes, docs/decisions.md). Costs at most this much CPU after each answer; a quiet
-    /// connection parks. Default 100 µs; `None` turns it off.
+    /// Low-latency mode: while a call waits for its answer, the connection's reader polls the
+    /// socket for up to this long before parking in epoll, so the answer is picked up without
+    /// waking a parked thread. A call sent while the reader is parked wakes it (that wake-up
+    /// overlaps the round trip). Sequential 4 KiB gets went from 1.3× to about 0.7× a
+    /// blocking-read ping-pong between two processes (docs/decisions.md). Costs at most this
+    /// much CPU per call; with no call in flight the reader parks (after lingering half of it
+    /// when the caller has been sending calls back to back). Default 100 µs; `None` turns it off.
     pub busy_poll: Option<Duration>,
 }
 
@@ -100,9 +101,29 @@ struct Connection {
     outbox: Mutex<Outbox>,
     pending: Mutex<HashMap<u64, oneshot::Sender<Reply>>>,
     alive: AtomicBool,
+    /// Busy-poll mode: how calls wake a parked reader (shared with the reader, which holds the
+    /// connection itself only weakly).
+    reader: Arc<ReaderSignal>,
+}
+
+/// Busy-poll mode: `parked` is set while the reader waits in epoll; a call that finds it set
+/// wakes the reader through `wake` so it polls for the answer (the wake-up then overlaps the
+/// round trip instead of following it).
+#[derive(Debug, Default)]
+struct ReaderSignal {
+    parked: AtomicBool,
+    wake: tokio::sync::Notify,
+    /// When the reader last handed out an answer (`now_ns`).
+    answered_at_ns: AtomicU64,
+    /// Whether the latest call was sent within half the poll budget of the answer before it.
+    quick_follow_up: AtomicBool,
 }
 
 impl Connection {
+    fn awaited(&self) -> bool {
+        !self.pending.lock().is_empty()
+    }
+
     fn fail_all(&self, why: &str) {
         self.alive.store(false, Ordering::Release);
         let waiting: Vec<_> = self.pending.lock().drain().collect();
@@ -177,9 +198,11 @@ impl RpcClient {
             outbox: Mutex::new(Outbox::default()),
             pending: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
+            reader: Arc::new(ReaderSignal::default()),
         });
         tokio::spawn(read_loop(
             reader,
+            Arc::clone(&connection.reader),
             Arc::downgrade(&connection),
             FrameDecoder::new(self.config.max_frame_bytes),
             self.config.busy_poll,
@@ -212,6 +235,18 @@ impl RpcClient {
         if !connection.alive.load(Ordering::Acquire) {
             connection.pending.lock().remove(&request_id);
             return Err(RpcError::Disconnected("connection failed".to_string()));
+        }
+        // The reader marks itself parked before its last look at `pending` (both SeqCst): it
+        // either sees this call and keeps polling, or this sees it parked and wakes it.
+        if let Some(budget) = self.config.busy_poll {
+            let signal = &connection.reader;
+            let gap_ns = now_ns().saturating_sub(signal.answered_at_ns.load(Ordering::Relaxed));
+            signal
+                .quick_follow_up
+                .store(gap_ns < budget.as_nanos() as u64 / 2, Ordering::Relaxed);
+            if signal.parked.load(Ordering::SeqCst) {
+                signal.wake.notify_one();
+            }
         }
         let must_flush = {
             let mut outbox = connection.outbox.lock();
@@ -285,6 +320,7 @@ fn finish(reply: Option<Reply>) -> Result<Bytes, RpcError> {
 /// closes, the server hangs up, and this task ends.
 async fn read_loop(
     mut reader: OwnedReadHalf,
+    signal: Arc<ReaderSignal>,
     connection: Weak<Connection>,
     decoder: FrameDecoder,
     busy_poll: Option<Duration>,
@@ -308,6 +344,9 @@ async fn read_loop(
                     let waiter = connection.pending.lock().remove(&id);
                     if let Some(tx) = waiter {
                         let _ = tx.send(Ok((frame.header.kind, frame.body.freeze())));
+                        if busy_poll.is_some() {
+                            signal.answered_at_ns.store(now_ns(), Ordering::Relaxed);
+                        }
                     }
                 }
                 Ok(None) => break,
@@ -323,17 +362,30 @@ async fn read_loop(
             buf.reserve(64 << 10);
         }
         if let Some(budget) = busy_poll {
-            let got = crate::spin_for(budget, || match reader.try_read_buf(&mut buf) {
-                Ok(n) => Some(Ok(n)),
-                Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => None,
-                Err(e) => Some(Err(e)),
-            })
-            .await;
-            match got {
+            let expired =
+                match poll_while_awaited(&reader, &mut buf, &connection, &signal, budget).await {
+                    Polled::Read(Ok(0)) => break "server closed the connection".to_string(),
+                    Polled::Read(Ok(_)) => continue,
+                    Polled::Read(Err(error)) => break error.to_string(),
+                    Polled::Idle => false,
+                    Polled::Expired => true,
+                };
+            signal.parked.store(true, Ordering::SeqCst);
+            if !expired && connection.upgrade().is_some_and(|c| c.awaited()) {
+                // A call registered between the poll loop and the flag: poll for it.
+                signal.parked.store(false, Ordering::SeqCst);
+                continue;
+            }
+            let woken = tokio::select! {
+                read = reader.read_buf(&mut buf) => Some(read),
+                _ = signal.wake.notified() => None,
+            };
+            signal.parked.store(false, Ordering::SeqCst);
+            match woken {
+                None => continue, // a call was sent: poll for its answer
                 Some(Ok(0)) => break "server closed the connection".to_string(),
                 Some(Ok(_)) => continue,
                 Some(Err(error)) => break error.to_string(),
-                None => {}
             }
         }
         match reader.read_buf(&mut buf).await {
@@ -345,4 +397,59 @@ async fn read_loop(
     if let Some(connection) = connection.upgrade() {
         connection.fail_all(&why);
     }
+}
+
+/// What polling the socket ended with.
+enum Polled {
+    /// A read returned (bytes, end of stream or an error).
+    Read(std::io::Result<usize>),
+    /// No call awaits an answer.
+    Idle,
+    /// A call still waits, but the budget ran out.
+    Expired,
+}
+
+/// Busy-poll mode: polls the socket while some call awaits its answer, for at most `budget`,
+/// and for half of it when none does.
+async fn poll_while_awaited(
+    reader: &OwnedReadHalf,
+    buf: &mut BytesMut,
+    connection: &Weak<Connection>,
+    signal: &ReaderSignal,
+    budget: Duration,
+) -> Polled {
+    let started = std::time::Instant::now();
+    loop {
+        match reader.try_read_buf(buf) {
+            Ok(n) => return Polled::Read(Ok(n)),
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
+            Err(e) => return Polled::Read(Err(e)),
+        }
+        let elapsed = started.elapsed();
+        // With nothing awaited, linger for half the budget, but only while the caller has been
+        // sending its next call right after its last answer (small sequential calls): then its
+        // answer is picked up without the wake-up a parked reader needs. A caller that works
+        // between calls (copying a large value) gets no lingering: the poller would only take
+        // a core from it.
+        let linger = signal.quick_follow_up.load(Ordering::Relaxed);
+        if (!linger || elapsed >= budget / 2) && !connection.upgrade().is_some_and(|c| c.awaited())
+        {
+            return Polled::Idle;
+        }
+        if elapsed >= budget {
+            return Polled::Expired;
+        }
+        // Lets the runtime run other tasks (the caller itself on a current-thread runtime).
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Nanoseconds since the first call of this function in the process (a cheap shared clock for
+/// atomics).
+fn now_ns() -> u64 {
+    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
+    EPOCH
+        .get_or_init(std::time::Instant::now)
+        .elapsed()
+        .as_nanos() as u64
 }

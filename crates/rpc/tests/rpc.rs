@@ -9,6 +9,7 @@ use mooncake_rpc::{
     ClientConfig, Handler, HandlerError, RpcClient, RpcError, RpcServer, ServerConfig,
 };
 use std::net::SocketAddr;
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -273,6 +274,44 @@ async fn the_client_reconnects_after_the_server_restarts() {
         .unwrap();
     assert_eq!(&client.call(ECHO, b"3").await.unwrap()[..], b"3");
     server.shutdown().await;
+}
+
+/// The default client polls for answers; a reader parked after a quiet spell is woken by the
+/// next call (on either runtime flavour), and dropping the client still closes the connection
+/// (the parked reader must not keep it alive).
+async fn parked_reader_is_woken_and_lets_the_connection_go() {
+    let server = start(ServerConfig::default()).await;
+    let client = quick_client(server.local_addr());
+    assert!(ClientConfig::default().busy_poll.is_some());
+    for round in 0..5u32 {
+        // Back-to-back calls (the reader lingers), then a pause long enough to park it.
+        for i in 0..20u32 {
+            let body = (round * 100 + i).to_le_bytes();
+            let started = std::time::Instant::now();
+            assert_eq!(&client.call(ECHO, &body).await.unwrap()[..], &body);
+            assert!(started.elapsed() < Duration::from_secs(2), "call stalled");
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let stats = Arc::clone(server.stats());
+    assert_eq!(stats.connections_open.load(Ordering::Relaxed), 1);
+    drop(client);
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    while stats.connections_open.load(Ordering::Relaxed) != 0 {
+        assert!(std::time::Instant::now() < deadline, "connection kept open");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    server.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn parked_reader_is_woken_on_a_multi_thread_runtime() {
+    parked_reader_is_woken_and_lets_the_connection_go().await;
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn parked_reader_is_woken_on_a_current_thread_runtime() {
+    parked_reader_is_woken_and_lets_the_connection_go().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
