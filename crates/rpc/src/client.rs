@@ -116,6 +116,8 @@ struct ReaderSignal {
     /// When the reader last handed out an answer (`now_ns`).
     answered_at_ns: AtomicU64,
     /// Whether the latest call was sent within half the poll budget of the answer before it.
+    last_gap_short: AtomicBool,
+    /// Whether the last two calls were (the reader then lingers after an answer).
     quick_follow_up: AtomicBool,
 }
 
@@ -241,9 +243,13 @@ impl RpcClient {
         if let Some(budget) = self.config.busy_poll {
             let signal = &connection.reader;
             let gap_ns = now_ns().saturating_sub(signal.answered_at_ns.load(Ordering::Relaxed));
+            let short = gap_ns < budget.as_nanos() as u64 / 2;
+            // Two short gaps in a row: a put (start, copy, end) alternates short and long gaps
+            // and must not have the poller linger while it copies.
+            let before = signal.last_gap_short.swap(short, Ordering::Relaxed);
             signal
                 .quick_follow_up
-                .store(gap_ns < budget.as_nanos() as u64 / 2, Ordering::Relaxed);
+                .store(short && before, Ordering::Relaxed);
             if signal.parked.load(Ordering::SeqCst) {
                 signal.wake.notify_one();
             }
@@ -427,7 +433,7 @@ async fn poll_while_awaited(
         }
         let elapsed = started.elapsed();
         // With nothing awaited, linger for half the budget, but only while the caller has been
-        // sending its next call right after its last answer (small sequential calls): then its
+        // sending its calls right after the answers before them (small sequential calls): then its
         // answer is picked up without the wake-up a parked reader needs. A caller that works
         // between calls (copying a large value) gets no lingering: the poller would only take
         // a core from it.

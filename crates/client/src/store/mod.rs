@@ -715,55 +715,27 @@ impl StoreClient {
 
     /// Reads many objects: one master round trip, then one transfer batch.
     pub async fn get_batch(&self, keys: &[&str]) -> Vec<Result<Vec<u8>, StoreError>> {
-        if let Err(error) = self.check_open() {
-            return keys.iter().map(|_| Err(error.clone())).collect();
-        }
         let asked = Instant::now();
-        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-        let responses = match self
-            .inner
-            .master
-            .batch_get_replica_list(owned, self.tenant())
-            .await
-        {
-            Ok(r) if r.len() == keys.len() => r,
-            Ok(_) => {
-                let e =
-                    StoreError::InvalidParams("master answered a batch of the wrong length".into());
-                return keys.iter().map(|_| Err(e.clone())).collect();
-            }
-            Err(error) => return keys.iter().map(|_| Err(error.clone().into())).collect(),
+        let located = match self.locate_batch(keys).await {
+            Ok(located) => located,
+            Err(error) => return keys.iter().map(|_| Err(error.clone())).collect(),
         };
-        let mut buffers: Vec<Result<PendingRead, StoreError>> = responses
+        let mut buffers: Vec<Result<PendingRead, StoreError>> = located
             .into_iter()
-            .zip(keys)
-            .map(|(r, key)| {
-                let response = r.map_err(StoreError::from)?;
-                let size = object_size(key, &response)?;
+            .map(|entry| {
+                let (size, response) = entry?;
                 let len = usize::try_from(size)
                     .map_err(|_| StoreError::InvalidParams("object too large".into()))?;
                 // Filled by the transfer; its length is set only once every byte was written.
                 Ok((Vec::with_capacity(len), len, response))
             })
             .collect();
-        // First attempt: every key from its preferred replica, all in one transfer batch.
-        let first = {
-            let mut plan = Vec::new();
-            for (i, entry) in buffers.iter_mut().enumerate() {
-                if let Ok((buf, len, response)) = entry {
-                    let order = self.replica_order(&response.replicas);
-                    if let Some(&first) = order.first() {
-                        plan.push((
-                            i,
-                            buf.as_mut_ptr() as usize,
-                            *len,
-                            response.replicas[first].clone(),
-                        ));
-                    }
-                }
-            }
-            self.read_planned(&plan).await
-        };
+        let first = self
+            .read_first(buffers.iter_mut().enumerate().filter_map(|(i, entry)| {
+                let (buf, len, response) = entry.as_mut().ok()?;
+                Some((i, buf.as_mut_ptr() as usize, *len, &*response))
+            }))
+            .await;
         let mut results = Vec::with_capacity(keys.len());
         for (i, entry) in buffers.into_iter().enumerate() {
             let key = keys[i];
@@ -823,33 +795,11 @@ impl StoreClient {
     where
         F: FnOnce(&[Option<u64>]) -> Vec<Option<&'b mut [u8]>>,
     {
-        if let Err(error) = self.check_open() {
-            return keys.iter().map(|_| Err(error.clone())).collect();
-        }
         let asked = Instant::now();
-        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-        let responses = match self
-            .inner
-            .master
-            .batch_get_replica_list(owned, self.tenant())
-            .await
-        {
-            Ok(r) if r.len() == keys.len() => r,
-            Ok(_) => {
-                let e =
-                    StoreError::InvalidParams("master answered a batch of the wrong length".into());
-                return keys.iter().map(|_| Err(e.clone())).collect();
-            }
-            Err(error) => return keys.iter().map(|_| Err(error.clone().into())).collect(),
+        let located = match self.locate_batch(keys).await {
+            Ok(located) => located,
+            Err(error) => return keys.iter().map(|_| Err(error.clone())).collect(),
         };
-        let located: Vec<Result<(u64, GetReplicaListResponse), StoreError>> = responses
-            .into_iter()
-            .zip(keys)
-            .map(|(r, key)| {
-                let response = r.map_err(StoreError::from)?;
-                Ok((object_size(key, &response)?, response))
-            })
-            .collect();
         let sizes: Vec<Option<u64>> = located
             .iter()
             .map(|r| r.as_ref().ok().map(|(size, _)| *size))
@@ -871,23 +821,19 @@ impl StoreClient {
                 Ok((size, response))
             })
             .collect();
-        let first = {
-            let mut plan = Vec::new();
-            for (i, entry) in checked.iter().enumerate() {
-                if let (Ok((size, response)), Some(buffer)) = (entry, &mut buffers[i]) {
-                    let order = self.replica_order(&response.replicas);
-                    if let Some(&first) = order.first() {
-                        plan.push((
-                            i,
-                            buffer.as_mut_ptr() as usize,
-                            *size as usize,
-                            response.replicas[first].clone(),
-                        ));
-                    }
-                }
-            }
-            self.read_planned(&plan).await
-        };
+        let first = self
+            .read_first(
+                checked
+                    .iter()
+                    .zip(buffers.iter_mut())
+                    .enumerate()
+                    .filter_map(|(i, (entry, buffer))| {
+                        let (size, response) = entry.as_ref().ok()?;
+                        let buffer = buffer.as_mut()?;
+                        Some((i, buffer.as_mut_ptr() as usize, *size as usize, response))
+                    }),
+            )
+            .await;
         let mut results = Vec::with_capacity(keys.len());
         for (i, entry) in checked.into_iter().enumerate() {
             let key = keys[i];
@@ -944,6 +890,48 @@ impl StoreClient {
             .collect();
         ranked.sort_by_key(|&(rank, i)| (rank, i));
         ranked.into_iter().map(|(_, i)| i).collect()
+    }
+
+    /// One master round trip for a batch read: each key's size and replicas, in key order.
+    async fn locate_batch(
+        &self,
+        keys: &[&str],
+    ) -> Result<Vec<Result<(u64, GetReplicaListResponse), StoreError>>, StoreError> {
+        self.check_open()?;
+        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let responses = self
+            .inner
+            .master
+            .batch_get_replica_list(owned, self.tenant())
+            .await?;
+        if responses.len() != keys.len() {
+            return Err(StoreError::InvalidParams(
+                "master answered a batch of the wrong length".into(),
+            ));
+        }
+        Ok(responses
+            .into_iter()
+            .zip(keys)
+            .map(|(r, key)| {
+                let response = r.map_err(StoreError::from)?;
+                Ok((object_size(key, &response)?, response))
+            })
+            .collect())
+    }
+
+    /// The first attempt of a batch read: every `(tag, destination, length, lookup)` from its
+    /// preferred replica, all in one transfer batch (see `read_planned`).
+    async fn read_first<'r>(
+        &self,
+        targets: impl Iterator<Item = (usize, usize, usize, &'r GetReplicaListResponse)>,
+    ) -> HashMap<usize, Result<Option<u32>, StoreError>> {
+        let mut plan = Vec::new();
+        for (tag, addr, len, response) in targets {
+            if let Some(&first) = self.replica_order(&response.replicas).first() {
+                plan.push((tag, addr, len, response.replicas[first].clone()));
+            }
+        }
+        self.read_planned(&plan).await
     }
 
     /// The outcome of a key of a batch read after its first attempt (`first`, from
