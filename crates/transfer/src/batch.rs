@@ -6,6 +6,7 @@ use std::time::{Duration, Instant};
 
 use parking_lot::{Condvar, Mutex};
 
+use crate::crc::{crc32c, crc32c_combine};
 use crate::endpoint::Endpoint;
 use crate::error::TransferError;
 use crate::registry::InflightGuard;
@@ -79,21 +80,6 @@ impl TransferRequest {
         self.checksum = true;
         self
     }
-}
-
-/// CRC32C of `bytes` (the Castagnoli polynomial, as the SSD tier and the store client use).
-pub fn crc32c(bytes: &[u8]) -> u32 {
-    crc_fast::checksum(crc_fast::CrcAlgorithm::Crc32Iscsi, bytes) as u32
-}
-
-/// CRC32C of `a ++ b` from the CRC32C of `a`, the CRC32C of `b` and the length of `b`.
-pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
-    crc_fast::checksum_combine(
-        crc_fast::CrcAlgorithm::Crc32Iscsi,
-        u64::from(crc_a),
-        u64::from(crc_b),
-        len_b,
-    ) as u32
 }
 
 /// Where one entry stands.

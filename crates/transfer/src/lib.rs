@@ -11,6 +11,7 @@
 
 pub mod batch;
 pub mod config;
+pub mod crc;
 pub mod endpoint;
 pub mod engine;
 pub mod error;
@@ -20,8 +21,9 @@ mod shm;
 mod tcp;
 pub mod wire;
 
-pub use batch::{crc32c, crc32c_combine, Batch, EntryStatus, Op, TransferRequest};
+pub use batch::{Batch, EntryStatus, Op, TransferRequest};
 pub use config::{TransferConfig, TransportMode};
+pub use crc::{crc32c, crc32c_combine};
 pub use endpoint::{local_host_id, Endpoint};
 pub use engine::{MemoryHandle, SegmentOptions, TransferEngine};
 pub use error::TransferError;
