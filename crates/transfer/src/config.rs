@@ -90,6 +90,11 @@ pub struct TransferConfig {
     /// the inline budget. Default 512 KiB (two cores copy a 1 MiB value 30-70% faster than
     /// one here, hand-off included; below 256 KiB the hand-off eats the gain).
     pub parallel_copy_min_bytes: usize,
+    /// Local and shared-memory writes (into a segment) of at least this many bytes per chunk use
+    /// streaming (non-temporal) stores, which skip reading the destination into the cache first:
+    /// `put_from` 256 KiB +33%, 1 MiB +17%, 32 × 64 KiB batches +30-40% here. Reads always use
+    /// plain stores (the caller uses the bytes next). Default 64 KiB; `usize::MAX` disables.
+    pub streaming_write_min_bytes: usize,
     /// How long `unregister` waits for in-flight transfers. Default 10 s.
     pub unregister_timeout_ms: u64,
     /// A pooled connection with nothing to do closes after this long. Default 60 s.
@@ -120,6 +125,7 @@ impl Default for TransferConfig {
             copy_threads: 2,
             inline_copy_max_bytes: 1 << 20,
             parallel_copy_min_bytes: 512 << 10,
+            streaming_write_min_bytes: 64 << 10,
             unregister_timeout_ms: 10_000,
             idle_connection_ms: 60_000,
             max_batch_entries: 65_536,

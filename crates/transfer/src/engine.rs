@@ -12,6 +12,7 @@ use parking_lot::Mutex;
 
 use crate::batch::{Batch, BatchState, Chunk, Op, TransferRequest};
 use crate::config::{TransferConfig, TransportMode};
+use crate::copy::copy_streaming;
 use crate::endpoint::{local_host_id, Endpoint};
 use crate::error::TransferError;
 use crate::memory::Mapping;
@@ -693,7 +694,7 @@ impl Inner {
         };
         // SAFETY: both ranges are pinned registered memory of len_bytes (the segment range by
         // `target`, the local range by the chunk).
-        chunk.crc = unsafe { copy_chunk(src, dst, chunk) };
+        chunk.crc = unsafe { copy_chunk(src, dst, chunk, self.config.streaming_write_min_bytes) };
         Ok(())
     }
 
@@ -756,7 +757,7 @@ impl Inner {
         };
         // SAFETY: the remote range is inside the peer mapping (checked above; `mapping` is held
         // by an Arc for the call) and the local range is pinned registered memory.
-        chunk.crc = unsafe { copy_chunk(src, dst, chunk) };
+        chunk.crc = unsafe { copy_chunk(src, dst, chunk, self.config.streaming_write_min_bytes) };
         Ok(())
     }
 
@@ -802,32 +803,53 @@ const COPY_STEP_BYTES: usize = 256 << 10;
 
 /// Copies a local/shared-memory chunk from `src` to `dst` (`chunk.len_bytes` each) and, when the
 /// chunk asks for it, returns the CRC32C of its local bytes, computed step by step right after
-/// each step was copied (one pass over memory instead of two).
+/// each step was copied (one pass over memory instead of two). Writes of at least
+/// `stream_min_bytes` use streaming stores (see `copy`): they land in a segment, which this
+/// process does not read next; reads land in the caller's memory, which it is about to use, so
+/// plain stores leave them in the cache.
 ///
 /// # Safety
 /// `src` and `dst` must be valid for `chunk.len_bytes` bytes (read and write respectively) for
 /// the whole call, and nothing else may write them meanwhile.
-unsafe fn copy_chunk(src: *const u8, dst: *mut u8, chunk: &Chunk) -> Option<u32> {
+unsafe fn copy_chunk(
+    src: *const u8,
+    dst: *mut u8,
+    chunk: &Chunk,
+    stream_min_bytes: usize,
+) -> Option<u32> {
     let len = chunk.len_bytes;
     let (s, d) = (src as usize, dst as usize);
-    let overlapping = s < d.saturating_add(len) && d < s.saturating_add(len);
-    if !chunk.checksum || overlapping {
-        // SAFETY: the caller's contract; memmove because the ranges may overlap (a segment of
-        // this process mapped twice, or read into itself).
+    if s < d.saturating_add(len) && d < s.saturating_add(len) {
+        // SAFETY: the caller's contract; memmove because the ranges overlap (a segment of this
+        // process mapped twice, or read into itself).
         unsafe { std::ptr::copy(src, dst, len) };
         return None; // `Chunk::report` checksums the final bytes if asked
     }
+    let stream = chunk.op == Op::Write && len >= stream_min_bytes;
+    // SAFETY (both closures' callers below): the caller's contract, the ranges are disjoint
+    // (checked above), and `at + n <= len`.
+    let copy = |at: usize, n: usize| unsafe {
+        if stream {
+            copy_streaming(src.add(at), dst.add(at), n);
+        } else {
+            std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), n);
+        }
+    };
+    if !chunk.checksum {
+        copy(0, len);
+        return None;
+    }
+    // The local side: the destination of a read (in the cache now), the source of a write (read
+    // by the copy just now; its destination may have bypassed the cache).
+    let local = match chunk.op {
+        Op::Read => dst as *const u8,
+        Op::Write => src,
+    };
     let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
     let mut done = 0;
     while done < len {
         let step = COPY_STEP_BYTES.min(len - done);
-        // SAFETY: the caller's contract, and the ranges do not overlap (checked above).
-        unsafe { std::ptr::copy_nonoverlapping(src.add(done), dst.add(done), step) };
-        // The local side: the destination of a read, the source of a write (equal bytes now).
-        let local = match chunk.op {
-            Op::Read => dst as *const u8,
-            Op::Write => src,
-        };
+        copy(done, step);
         // SAFETY: `local + done .. + step` lies inside the range just copied.
         digest.update(unsafe { std::slice::from_raw_parts(local.add(done), step) });
         done += step;

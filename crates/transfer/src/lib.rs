@@ -11,6 +11,7 @@
 
 pub mod batch;
 pub mod config;
+mod copy;
 pub mod crc;
 pub mod endpoint;
 pub mod engine;

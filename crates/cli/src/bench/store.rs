@@ -135,6 +135,10 @@ pub struct CopyTuning {
     /// Transfer engine: entries from this size on are split over the copy threads.
     #[arg(long, value_parser = crate::node::parse_size_arg)]
     pub parallel_copy_bytes: Option<u64>,
+    /// Transfer engine: local/shared-memory writes from this size on use streaming stores
+    /// (a size past every value, e.g. 1TiB, turns them off).
+    #[arg(long, value_parser = crate::node::parse_size_arg)]
+    pub streaming_write_bytes: Option<u64>,
     /// Transfer engine: TCP connections per peer (large entries are striped over them).
     #[arg(long)]
     pub tcp_connections: Option<usize>,
@@ -151,6 +155,9 @@ impl CopyTuning {
         if let Some(n) = self.parallel_copy_bytes {
             config.parallel_copy_min_bytes = n as usize;
         }
+        if let Some(n) = self.streaming_write_bytes {
+            config.streaming_write_min_bytes = usize::try_from(n).unwrap_or(usize::MAX);
+        }
         if let Some(n) = self.tcp_connections {
             config.connections_per_peer = n;
         }
@@ -163,6 +170,7 @@ impl CopyTuning {
             ("--copy-threads", self.copy_threads.map(|n| n as u64)),
             ("--inline-copy-bytes", self.inline_copy_bytes),
             ("--parallel-copy-bytes", self.parallel_copy_bytes),
+            ("--streaming-write-bytes", self.streaming_write_bytes),
             ("--tcp-connections", self.tcp_connections.map(|n| n as u64)),
         ] {
             if let Some(v) = value {
