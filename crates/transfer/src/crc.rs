@@ -68,15 +68,10 @@ pub fn crc32c_combine(crc_a: u32, crc_b: u32, len_b: u64) -> u32 {
 mod tests {
     use super::*;
 
+    /// Pseudo-random bytes (a multiplicative hash of the position).
     fn bytes(len: usize, seed: u64) -> Vec<u8> {
-        let mut state = seed | 1;
-        (0..len)
-            .map(|_| {
-                state ^= state << 13;
-                state ^= state >> 7;
-                state ^= state << 17;
-                state as u8
-            })
+        (0..len as u64)
+            .map(|i| (i.wrapping_add(seed).wrapping_mul(0x9E37_79B9_7F4A_7C15) >> 56) as u8)
             .collect()
     }
 
