@@ -296,6 +296,48 @@ async fn registered_buffers_and_parts_work_without_copies() {
     master.shutdown().await;
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_into_memory_straddling_a_registered_buffer_use_a_private_copy() {
+    // A destination that overlaps a registered buffer without lying inside it cannot be
+    // registered for the transfer (the engine refuses overlapping regions): the single and the
+    // batch read must then read into private memory and copy, not fail. Without that fallback
+    // both reads below return `Transfer(Overlap)`.
+    let master = start_master().await;
+    let a = node(&master, 16 << 20, TransportMode::Auto).await;
+    let cfg = ReplicateConfig::default();
+    let one = pattern(600, 9);
+    let two = pattern(300, 10);
+    a.put("straddle-1", &one, &cfg).await.unwrap();
+    a.put("straddle-2", &two, &cfg).await.unwrap();
+    let mut arena = vec![0u8; 8192];
+    // SAFETY: `arena` outlives the registration (unregistered below before it drops).
+    unsafe { a.register_buffer(arena.as_mut_ptr(), 1000) }.unwrap();
+    // [500, 1100) straddles the end of the registered [0, 1000).
+    let n = a
+        .get_into("straddle-1", &mut arena[500..1500])
+        .await
+        .unwrap();
+    assert_eq!(n, 600);
+    assert_eq!(&arena[500..1100], &one[..]);
+    arena[500..1100].fill(0);
+    {
+        let (inside, rest) = arena.split_at_mut(500);
+        let straddling = &mut rest[..1000];
+        let mut buffers: Vec<&mut [u8]> = vec![straddling, &mut inside[..300]];
+        let results = a
+            .get_batch_into(&["straddle-1", "straddle-2"], &mut buffers)
+            .await;
+        assert_eq!(results.len(), 2);
+        assert_eq!(*results[0].as_ref().unwrap(), 600);
+        assert_eq!(*results[1].as_ref().unwrap(), 300);
+    }
+    assert_eq!(&arena[500..1100], &one[..]);
+    assert_eq!(&arena[..300], &two[..]);
+    a.unregister_buffer(arena.as_mut_ptr()).unwrap();
+    a.close().await.unwrap();
+    master.shutdown().await;
+}
+
 #[test]
 fn the_blocking_facade_serves_many_threads_at_once() {
     use mooncake_client::BlockingStoreClient;
