@@ -114,6 +114,28 @@ fn log(py: Python<'_>, level: &str, message: &str) {
         .and_then(|logger| logger.call_method1(level, (message,)));
 }
 
+/// The environment variable `name` parsed as `T`; `None` when unset or empty. A value that does
+/// not parse is logged as a warning (naming the variable and what it expects) and ignored, so the
+/// default applies.
+fn env_setting<T: std::str::FromStr>(py: Python<'_>, name: &str, expected: &str) -> Option<T> {
+    let raw = std::env::var(name).ok()?;
+    let value = raw.trim();
+    if value.is_empty() {
+        return None;
+    }
+    match value.parse() {
+        Ok(parsed) => Some(parsed),
+        Err(_) => {
+            log(
+                py,
+                "warning",
+                &format!("{name}={raw:?} is not {expected}: ignored, the default applies"),
+            );
+            None
+        }
+    }
+}
+
 /// The segment name peers and `ReplicateConfig.preferred_segment` use for this client.
 fn hostname_of(client: &StoreClient) -> String {
     if let Some(segment) = client.segments().first() {
@@ -405,9 +427,7 @@ impl Store {
             );
             return Ok(NOT_READY);
         }
-        let io_threads = std::env::var("MC_RS_IO_THREADS")
-            .ok()
-            .and_then(|v| v.parse::<usize>().ok())
+        let io_threads = env_setting::<usize>(py, "MC_RS_IO_THREADS", "a thread count")
             .filter(|&n| n > 0)
             .unwrap_or(2);
         let tenant = if params.tenant_id.is_empty() {
@@ -422,20 +442,14 @@ impl Store {
             local_buffer_size: params.local_buffer_size,
             protocol: "tcp".to_string(),
             tenant: tenant.clone(),
-            transport: std::env::var("MC_RS_TRANSPORT")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .unwrap_or_default(),
+            transport: env_setting(py, "MC_RS_TRANSPORT", "auto, tcp or shm").unwrap_or_default(),
             verify_checksums: std::env::var("MC_RS_VERIFY_CHECKSUMS")
                 .map(|v| !matches!(v.trim(), "0" | "false" | "off" | "no"))
                 .unwrap_or(true),
             ..StoreConfig::default()
         };
         let mut config = config;
-        if let Some(us) = std::env::var("MC_RS_BUSY_POLL_US")
-            .ok()
-            .and_then(|v| v.trim().parse::<u64>().ok())
-        {
+        if let Some(us) = env_setting::<u64>(py, "MC_RS_BUSY_POLL_US", "microseconds") {
             config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
         }
         let outcome = py.allow_threads(move || {

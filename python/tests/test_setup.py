@@ -126,6 +126,37 @@ def test_rdma_falls_back_to_tcp_with_a_warning(master, key, caplog):
     assert s.close() == 0
 
 
+def test_malformed_tuning_variables_are_named_in_a_warning_and_ignored(master, key, caplog,
+                                                                      monkeypatch):
+    monkeypatch.setenv("MC_RS_BUSY_POLL_US", "fast")
+    monkeypatch.setenv("MC_RS_TRANSPORT", "carrier-pigeon")
+    monkeypatch.setenv("MC_RS_IO_THREADS", "-3")
+    s = MooncakeDistributedStore()
+    with caplog.at_level("WARNING", logger="mooncake_rs"):
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.addr) == 0
+    messages = " ".join(r.getMessage() for r in caplog.records)
+    for name in ("MC_RS_BUSY_POLL_US", "MC_RS_TRANSPORT", "MC_RS_IO_THREADS"):
+        assert name in messages, messages
+    # The defaults applied: the store works.
+    assert s.put(key, b"defaults") == 0 and s.get(key) == b"defaults"
+    assert s.close() == 0
+
+
+@pytest.mark.parametrize("busy_poll_us", ["0", "250"])
+def test_busy_poll_setting_off_or_longer_still_serves_calls(master, key, caplog, monkeypatch,
+                                                             busy_poll_us):
+    monkeypatch.setenv("MC_RS_BUSY_POLL_US", busy_poll_us)
+    s = MooncakeDistributedStore()
+    with caplog.at_level("WARNING", logger="mooncake_rs"):
+        assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.addr) == 0
+    assert not any("MC_RS_BUSY_POLL_US" in r.getMessage() for r in caplog.records)
+    for i in range(50):
+        assert s.put("%s/%d" % (key, i), b"x" * (i + 1)) == 0
+        assert s.is_exist("%s/%d" % (key, i)) == 1
+        assert s.get("%s/%d" % (key, i)) == b"x" * (i + 1)
+    assert s.close() == 0
+
+
 def test_setup_config_keyword(master, key):
     a = MooncakeDistributedStore()
     assert a.setup(config={"local_hostname": "127.0.0.1", "metadata_server": "P2PHANDSHAKE",
