@@ -703,3 +703,66 @@ fn bench_store_runs_every_case_briefly() {
     }
     assert!(!text.contains("FAIL"), "{text}");
 }
+
+#[test]
+fn bench_store_runs_with_every_tuning_flag_names_them_and_verifies_reads() {
+    // Every transfer setting off its default (one copy thread, no inline copies, splits from
+    // 256 KiB, no streaming stores, one TCP connection, no busy polling), over TCP so the
+    // cross-process cases go through the peer's own engine: the bench must still verify
+    // every read, and the header must say which settings ran.
+    let out = verb(
+        &[
+            "bench",
+            "store",
+            "--transport",
+            "tcp",
+            "--seconds",
+            "0.05",
+            "--sizes",
+            "64KiB,1MiB",
+            "--window-bytes",
+            "8MiB",
+            "--skip",
+            "exist,pingpong",
+            "--copy-threads",
+            "1",
+            "--inline-copy-bytes",
+            "0",
+            "--parallel-copy-bytes",
+            "256KiB",
+            "--streaming-write-bytes",
+            "1TiB",
+            "--tcp-connections",
+            "1",
+            "--busy-poll-us",
+            "0",
+        ],
+        None,
+    );
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert!(text.contains("client busy-poll off"), "{text}");
+    assert!(
+        text.contains(
+            "transfer tuning (both processes): --copy-threads 1 --inline-copy-bytes 0 \
+             --parallel-copy-bytes 262144 --streaming-write-bytes 1099511627776 --tcp-connections 1"
+        ),
+        "{text}"
+    );
+    let rows: Vec<&str> = text
+        .lines()
+        .filter(|l| l.contains(" plain ") || l.contains(" zcopy "))
+        .collect();
+    assert!(rows.len() >= 12, "too few rows in\n{text}");
+    for row in &rows {
+        // columns: case api value batch ops errs ...
+        let errs = row.split_whitespace().nth(5);
+        assert_eq!(errs, Some("0"), "errors in {row:?}");
+    }
+    assert!(text.contains("xclient_get_into"), "{text}");
+    assert!(!text.contains("FAIL"), "{text}");
+}

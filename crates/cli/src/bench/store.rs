@@ -886,6 +886,10 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         args.max_ops,
         fmt_size(args.window_bytes)
     );
+    let tuning = args.copy.to_args();
+    if !tuning.is_empty() {
+        println!("transfer tuning (both processes): {}", tuning.join(" "));
+    }
     if !upstream.is_empty() {
         println!(
             "last columns: our ops/s / upstream's, our p50 / upstream's (same case and value)"
