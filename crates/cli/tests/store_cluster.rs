@@ -168,6 +168,19 @@ fn verb(args: &[&str], stdin: Option<&[u8]>) -> Output {
     }
 }
 
+/// Runs `mooncake ARGS` with no stdin; its stdout, after asserting it exited 0 (stdout and stderr
+/// in the message otherwise).
+fn verb_ok(args: &[&str]) -> String {
+    let out = verb(args, None);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
+}
+
 fn memory_endpoint(replica: &mooncake_common::ReplicaDescriptor) -> String {
     match &replica.kind {
         ReplicaKind::Memory(memory) => memory.transport_endpoint.to_string(),
@@ -639,16 +652,7 @@ fn a_node_restarted_under_the_same_address_mounts_again() {
 
 #[test]
 fn quickstart_runs_a_cluster_and_verifies_every_byte() {
-    let out = verb(
-        &["quickstart", "--scale", "0.05", "--segment-size", "64MiB"],
-        None,
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = verb_ok(&["quickstart", "--scale", "0.05", "--segment-size", "64MiB"]);
     assert!(text.contains("0 mismatches"), "{text}");
     for size in ["4 KiB", "64 KiB", "1 MiB", "16 MiB"] {
         assert!(
@@ -661,27 +665,18 @@ fn quickstart_runs_a_cluster_and_verifies_every_byte() {
 
 #[test]
 fn bench_store_runs_every_case_briefly() {
-    let out = verb(
-        &[
-            "bench",
-            "store",
-            "--seconds",
-            "0.05",
-            "--sizes",
-            "4KiB,1MiB",
-            "--window-bytes",
-            "8MiB",
-            "--pingpong-iterations",
-            "200",
-        ],
-        None,
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = verb_ok(&[
+        "bench",
+        "store",
+        "--seconds",
+        "0.05",
+        "--sizes",
+        "4KiB,1MiB",
+        "--window-bytes",
+        "8MiB",
+        "--pingpong-iterations",
+        "200",
+    ]);
     for case in [
         "put ",
         "get ",
@@ -710,41 +705,32 @@ fn bench_store_runs_with_every_tuning_flag_names_them_and_verifies_reads() {
     // 256 KiB, no streaming stores, one TCP connection, no busy polling), over TCP so the
     // cross-process cases go through the peer's own engine: the bench must still verify
     // every read, and the header must say which settings ran.
-    let out = verb(
-        &[
-            "bench",
-            "store",
-            "--transport",
-            "tcp",
-            "--seconds",
-            "0.05",
-            "--sizes",
-            "64KiB,1MiB",
-            "--window-bytes",
-            "8MiB",
-            "--skip",
-            "exist,pingpong",
-            "--copy-threads",
-            "1",
-            "--inline-copy-bytes",
-            "0",
-            "--parallel-copy-bytes",
-            "256KiB",
-            "--streaming-write-bytes",
-            "1TiB",
-            "--tcp-connections",
-            "1",
-            "--busy-poll-us",
-            "0",
-        ],
-        None,
-    );
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
+    let text = verb_ok(&[
+        "bench",
+        "store",
+        "--transport",
+        "tcp",
+        "--seconds",
+        "0.05",
+        "--sizes",
+        "64KiB,1MiB",
+        "--window-bytes",
+        "8MiB",
+        "--skip",
+        "exist,pingpong",
+        "--copy-threads",
+        "1",
+        "--inline-copy-bytes",
+        "0",
+        "--parallel-copy-bytes",
+        "256KiB",
+        "--streaming-write-bytes",
+        "1TiB",
+        "--tcp-connections",
+        "1",
+        "--busy-poll-us",
+        "0",
+    ]);
     assert!(text.contains("client busy-poll off"), "{text}");
     assert!(
         text.contains(
