@@ -87,12 +87,12 @@ pub struct TransferConfig {
     /// Local and shared-memory entries of at least this many bytes are split into
     /// `copy_threads` pieces (each `min_chunk_bytes..=max_chunk_bytes`) copied at once: the
     /// copy threads take all but one, the submitting thread copies the first itself when it fits
-    /// the inline budget. Default 512 KiB (two cores copy a 1 MiB value 30-70% faster than
-    /// one here, hand-off included; below 256 KiB the hand-off eats the gain).
+    /// the inline budget. Default 512 KiB (two cores copy a 1 MiB value 24-76% faster than
+    /// one here, hand-off included; at 128-256 KiB no gain showed above the noise).
     pub parallel_copy_min_bytes: usize,
     /// Local and shared-memory writes (into a segment) of at least this many bytes per chunk use
     /// streaming (non-temporal) stores, which skip reading the destination into the cache first:
-    /// `put_from` 256 KiB +33%, 1 MiB +17%, 32 × 64 KiB batches +30-40% here. Reads always use
+    /// `put_from` 256 KiB +33%, 1 MiB +17-18%, `batch_put_from` 32 × 64 KiB +33-41% here. Reads always use
     /// plain stores (the caller uses the bytes next). Default 64 KiB; `usize::MAX` disables.
     pub streaming_write_min_bytes: usize,
     /// How long `unregister` waits for in-flight transfers. Default 10 s.

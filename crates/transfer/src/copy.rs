@@ -1,7 +1,7 @@
 //! Bulk copies that bypass the cache for the destination (non-temporal stores).
 //!
-//! A copy of more than the core's cache into memory nobody reads soon (a segment being written,
-//! a large value landing in the caller's buffer) pays for reading every destination line before
+//! A copy of more than the core's cache into memory nobody reads soon (a segment being written)
+//! pays for reading every destination line before
 //! overwriting it (the "read for ownership") and evicts useful lines on the way. Streaming
 //! stores skip both. Used by the local and shared-memory paths for writes into segments of at
 //! least `TransferConfig::streaming_write_min_bytes`.
