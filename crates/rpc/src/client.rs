@@ -2,8 +2,10 @@
 //!
 //! A call encodes its frame, takes the write half's lock just long enough to write it, and waits
 //! on a oneshot that the connection's reader task completes when the answer with its request id
-//! arrives. A call that times out removes its entry, so a late answer is dropped. When the
-//! connection breaks, every waiting call fails with `Disconnected` and the next call reconnects.
+//! arrives. In busy-poll mode a caller on its own thread (`block_on`) reads the socket itself
+//! for a while instead, handing out whatever answers it reads. A call that times out removes
+//! its entry, so a late answer is dropped. When the connection breaks, every waiting call fails
+//! with `Disconnected` and the next call reconnects.
 
 use bytes::{Bytes, BytesMut};
 use mooncake_common::ErrorCode;
@@ -13,11 +15,12 @@ use mooncake_proto::{
 use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::os::fd::AsRawFd;
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use thiserror::Error;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -60,13 +63,16 @@ pub struct ClientConfig {
     /// Deadline of one call, from send to answer.
     pub call_timeout: Duration,
     pub max_frame_bytes: usize,
-    /// Low-latency mode: while a call waits for its answer, the connection's reader polls the
-    /// socket for up to this long before parking in epoll, so the answer is picked up without
-    /// waking a parked thread. A call sent while the reader is parked wakes it (that wake-up
+    /// Low-latency mode: while a call waits for its answer, the socket is polled for up to this
+    /// long before parking in epoll, so the answer is picked up without waking a parked thread.
+    /// A caller on its own thread (`block_on`: the Python binding, the blocking client) polls
+    /// itself, so no thread needs a wake-up on its side (32-key batch lookups from Python after
+    /// a copy: 90-110 µs to 53-67 µs, docs/decisions.md). For calls made by runtime tasks the
+    /// connection's reader polls; a call sent while it is parked wakes it (that wake-up
     /// overlaps the round trip). Sequential 4 KiB gets went from 1.3× to about 0.7× a
-    /// blocking-read ping-pong between two processes (docs/decisions.md). Costs at most this
-    /// much CPU per call; with no call in flight the reader parks (after lingering half of it
-    /// when the caller has been sending calls back to back). Default 100 µs; `None` turns it off.
+    /// blocking-read ping-pong between two processes. Costs at most this much CPU per call;
+    /// with no call in flight the reader parks (after lingering half of it when the caller has
+    /// been sending calls back to back). Default 100 µs; `None` turns it off.
     pub busy_poll: Option<Duration>,
 }
 
@@ -104,6 +110,30 @@ struct Connection {
     /// Busy-poll mode: how calls wake a parked reader (shared with the reader, which holds the
     /// connection itself only weakly).
     reader: Arc<ReaderSignal>,
+    /// The read side, shared with the reader task (a caller may read its own answer).
+    inbox: Arc<Inbox>,
+    /// Calls whose caller polls the socket itself (the reader task need not spin for them).
+    callers_polling: AtomicUsize,
+    /// The client's count of reads by polling callers.
+    caller_reads: Arc<AtomicU64>,
+}
+
+/// The read half of a connection and the bytes read from it but not yet handed out. Whoever
+/// holds `state` reads and hands out answers: the reader task, or a caller polling for its own
+/// answer (see [`RpcClient::call`]). The read half lives as long as either holds this, so its
+/// file descriptor stays valid for both.
+#[derive(Debug)]
+struct Inbox {
+    half: OwnedReadHalf,
+    state: Mutex<InboxState>,
+}
+
+#[derive(Debug)]
+struct InboxState {
+    buf: BytesMut,
+    decoder: FrameDecoder,
+    /// Set once the connection is over (end of stream, socket error, bad frame): why.
+    closed: Option<String>,
 }
 
 /// Busy-poll mode: `parked` is set while the reader waits in epoll; a call that finds it set
@@ -122,8 +152,9 @@ struct ReaderSignal {
 }
 
 impl Connection {
+    /// Whether a call waits for an answer that no caller polls for itself.
     fn awaited(&self) -> bool {
-        !self.pending.lock().is_empty()
+        self.pending.lock().len() > self.callers_polling.load(Ordering::Relaxed)
     }
 
     fn fail_all(&self, why: &str) {
@@ -144,6 +175,7 @@ pub struct RpcClient {
     /// Serializes reconnection attempts (the fast path above never awaits).
     connect_lock: tokio::sync::Mutex<()>,
     next_request_id: AtomicU64,
+    caller_reads: Arc<AtomicU64>,
 }
 
 impl RpcClient {
@@ -155,7 +187,14 @@ impl RpcClient {
             connection: Mutex::new(None),
             connect_lock: tokio::sync::Mutex::new(()),
             next_request_id: AtomicU64::new(1),
+            caller_reads: Arc::new(AtomicU64::new(0)),
         }
+    }
+
+    /// How many times a caller waiting on its own thread read answers from the socket itself
+    /// (busy-poll mode, calls made through `block_on`), rather than the connection's reader task.
+    pub fn caller_reads(&self) -> u64 {
+        self.caller_reads.load(Ordering::Relaxed)
     }
 
     /// The server address.
@@ -195,18 +234,28 @@ impl RpcClient {
                 .map_err(|e| connect_error(e.to_string()))?;
         let _ = stream.set_nodelay(true);
         let (reader, writer) = stream.into_split();
+        let inbox = Arc::new(Inbox {
+            half: reader,
+            state: Mutex::new(InboxState {
+                buf: BytesMut::with_capacity(READ_CHUNK_BYTES),
+                decoder: FrameDecoder::new(self.config.max_frame_bytes),
+                closed: None,
+            }),
+        });
         let connection = Arc::new(Connection {
             writer: tokio::sync::Mutex::new(writer),
             outbox: Mutex::new(Outbox::default()),
             pending: Mutex::new(HashMap::new()),
             alive: AtomicBool::new(true),
             reader: Arc::new(ReaderSignal::default()),
+            inbox: Arc::clone(&inbox),
+            callers_polling: AtomicUsize::new(0),
+            caller_reads: Arc::clone(&self.caller_reads),
         });
         tokio::spawn(read_loop(
-            reader,
+            inbox,
             Arc::clone(&connection.reader),
             Arc::downgrade(&connection),
-            FrameDecoder::new(self.config.max_frame_bytes),
             self.config.busy_poll,
         ));
         *self.connection.lock() = Some(connection.clone());
@@ -230,6 +279,12 @@ impl RpcClient {
             method,
             request_id,
         };
+        // A caller on its own thread (`block_on`, not a runtime task) polls the socket for its
+        // answer itself: no thread has to be woken to read it, nor to hand it over.
+        let caller_polls = self
+            .config
+            .busy_poll
+            .filter(|_| tokio::task::try_id().is_none());
         let (tx, mut rx) = oneshot::channel();
         connection.pending.lock().insert(request_id, tx);
         // `fail_all` clears `alive` before draining `pending`: checking after inserting means a
@@ -240,7 +295,8 @@ impl RpcClient {
         }
         // The reader marks itself parked before its last look at `pending` (both SeqCst): it
         // either sees this call and keeps polling, or this sees it parked and wakes it.
-        if let Some(budget) = self.config.busy_poll {
+        let reader_polls = self.config.busy_poll.filter(|_| caller_polls.is_none());
+        if let Some(budget) = reader_polls {
             let signal = &connection.reader;
             let gap_ns = now_ns().saturating_sub(signal.answered_at_ns.load(Ordering::Relaxed));
             let short = gap_ns < budget.as_nanos() as u64 / 2;
@@ -267,8 +323,22 @@ impl RpcClient {
             }
         }
 
-        // In busy-poll mode the connection's reader task spins on the socket; the caller just
-        // awaits (spinning here would starve that reader on a current-thread runtime).
+        if let Some(budget) = caller_polls {
+            let _polling = PollingGuard::new(&connection);
+            let answer = crate::spin_for(budget, || {
+                if let Some(answer) = try_answer(&mut rx) {
+                    return Some(answer);
+                }
+                connection.poll_inbox();
+                try_answer(&mut rx)
+            })
+            .await;
+            if let Some(answer) = answer {
+                return finish(answer);
+            }
+        }
+        // A task's call awaits: in busy-poll mode the connection's reader task spins on the
+        // socket (spinning here would starve that reader on a current-thread runtime).
         match tokio::time::timeout(self.config.call_timeout, &mut rx).await {
             Ok(reply) => finish(reply.ok()),
             Err(_) => {
@@ -322,93 +392,211 @@ fn finish(reply: Option<Reply>) -> Result<Bytes, RpcError> {
     }
 }
 
+/// The answer in `rx` if it came (`Some(None)`: the connection ended without one).
+fn try_answer(rx: &mut oneshot::Receiver<Reply>) -> Option<Option<Reply>> {
+    match rx.try_recv() {
+        Ok(reply) => Some(Some(reply)),
+        Err(oneshot::error::TryRecvError::Empty) => None,
+        Err(oneshot::error::TryRecvError::Closed) => Some(None),
+    }
+}
+
+/// Counts a caller polling for its own answer while it lives (also when the call is dropped).
+struct PollingGuard<'a>(&'a Connection);
+
+impl<'a> PollingGuard<'a> {
+    fn new(connection: &'a Connection) -> Self {
+        connection.callers_polling.fetch_add(1, Ordering::Relaxed);
+        PollingGuard(connection)
+    }
+}
+
+impl Drop for PollingGuard<'_> {
+    fn drop(&mut self) {
+        self.0.callers_polling.fetch_sub(1, Ordering::Relaxed);
+    }
+}
+
+impl Connection {
+    /// A polling caller's turn at the socket: unless someone else is reading, reads what
+    /// arrived (straight from the socket, so it does not wait for the runtime's I/O driver to
+    /// notice) and hands out every whole answer.
+    fn poll_inbox(&self) {
+        let Some(mut state) = self.inbox.state.try_lock() else {
+            return;
+        };
+        let half = &self.inbox.half;
+        match pump(&mut state, self, &self.reader, |buf| recv_now(half, buf)) {
+            Ok(true) => {
+                self.caller_reads.fetch_add(1, Ordering::Relaxed);
+            }
+            Ok(false) => {}
+            Err(why) => {
+                drop(state);
+                self.fail_all(&why);
+            }
+        }
+    }
+}
+
+/// One non-blocking `recv` into `buf`'s spare capacity, bypassing the runtime's readiness
+/// tracking (a later read by the reader task that finds nothing just clears it).
+fn recv_now(half: &OwnedReadHalf, buf: &mut BytesMut) -> std::io::Result<usize> {
+    let stream: &TcpStream = half.as_ref();
+    let spare = buf.spare_capacity_mut();
+    // SAFETY: the descriptor is open while `half` lives, and recv writes at most `spare.len()`
+    // bytes into `spare`, which is valid for writes.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            spare.as_mut_ptr().cast(),
+            spare.len(),
+            libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    let n = n as usize;
+    // SAFETY: recv initialized the first `n` bytes of the spare capacity.
+    unsafe { buf.set_len(buf.len() + n) };
+    Ok(n)
+}
+
+/// Reads everything the socket holds now with `read` (which answers `WouldBlock` once it is
+/// empty) and hands out every whole answer to its call. `Ok(true)` when it read something;
+/// `Err(why)` once the connection is over (every later call says the same).
+fn pump(
+    state: &mut InboxState,
+    connection: &Connection,
+    signal: &ReaderSignal,
+    mut read: impl FnMut(&mut BytesMut) -> std::io::Result<usize>,
+) -> Result<bool, String> {
+    if let Some(why) = &state.closed {
+        return Err(why.clone());
+    }
+    let mut got = false;
+    let outcome = loop {
+        if state.buf.capacity() - state.buf.len() < 4096 {
+            state.buf.reserve(READ_CHUNK_BYTES);
+        }
+        match read(&mut state.buf) {
+            Ok(0) => break Err("server closed the connection".to_string()),
+            Ok(_) => {
+                got = true;
+                if let Err(why) = hand_out(state, connection, signal) {
+                    break Err(why);
+                }
+            }
+            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => break Ok(got),
+            Err(e) if e.kind() == std::io::ErrorKind::Interrupted => {}
+            Err(e) => break Err(e.to_string()),
+        }
+    };
+    if let Err(why) = &outcome {
+        state.closed = Some(why.clone());
+    }
+    outcome
+}
+
+/// Hands every whole frame in the buffer to the call that waits for it.
+fn hand_out(
+    state: &mut InboxState,
+    connection: &Connection,
+    signal: &ReaderSignal,
+) -> Result<(), String> {
+    loop {
+        match state.decoder.decode(&mut state.buf) {
+            Ok(Some(frame)) => {
+                let id = frame.header.request_id;
+                if id == 0 && frame.header.kind == FrameKind::Error {
+                    // A connection-level error (limit reached, bad frame): fail everyone.
+                    let (code, message) = decode_error_body(&frame.body);
+                    return Err(format!("server closed the connection: {code}: {message}"));
+                }
+                let waiter = connection.pending.lock().remove(&id);
+                if let Some(tx) = waiter {
+                    let _ = tx.send(Ok((frame.header.kind, frame.body.freeze())));
+                    signal.answered_at_ns.store(now_ns(), Ordering::Relaxed);
+                }
+            }
+            Ok(None) => return Ok(()),
+            Err(error) => return Err(error.to_string()),
+        }
+    }
+}
+
+/// How much to read per syscall when the buffer runs low.
+const READ_CHUNK_BYTES: usize = 64 << 10;
+
 /// Holds the connection weakly: when the last `RpcClient` and call let go of it, the write half
 /// closes, the server hangs up, and this task ends.
 async fn read_loop(
-    mut reader: OwnedReadHalf,
+    inbox: Arc<Inbox>,
     signal: Arc<ReaderSignal>,
     connection: Weak<Connection>,
-    decoder: FrameDecoder,
     busy_poll: Option<Duration>,
 ) {
-    let mut buf = BytesMut::with_capacity(64 << 10);
-    let why = loop {
-        loop {
-            match decoder.decode(&mut buf) {
-                Ok(Some(frame)) => {
-                    let Some(connection) = connection.upgrade() else {
-                        return;
-                    };
-                    let id = frame.header.request_id;
-                    if id == 0 && frame.header.kind == FrameKind::Error {
-                        // A connection-level error (limit reached, bad frame): fail everyone.
-                        let (code, message) = decode_error_body(&frame.body);
-                        connection
-                            .fail_all(&format!("server closed the connection: {code}: {message}"));
-                        return;
-                    }
-                    let waiter = connection.pending.lock().remove(&id);
-                    if let Some(tx) = waiter {
-                        let _ = tx.send(Ok((frame.header.kind, frame.body.freeze())));
-                        if busy_poll.is_some() {
-                            signal.answered_at_ns.store(now_ns(), Ordering::Relaxed);
-                        }
-                    }
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    if let Some(connection) = connection.upgrade() {
-                        connection.fail_all(&error.to_string());
-                    }
+    loop {
+        {
+            let Some(live) = connection.upgrade() else {
+                return;
+            };
+            let pumped = {
+                let mut state = inbox.state.lock();
+                pump(&mut state, &live, &signal, |buf| {
+                    inbox.half.try_read_buf(buf)
+                })
+            };
+            match pumped {
+                Err(why) => {
+                    live.fail_all(&why);
                     return;
                 }
+                Ok(true) => continue,
+                Ok(false) => {}
             }
         }
-        if buf.capacity() - buf.len() < 4096 {
-            buf.reserve(64 << 10);
-        }
         if let Some(budget) = busy_poll {
-            let expired =
-                match poll_while_awaited(&reader, &mut buf, &connection, &signal, budget).await {
-                    Polled::Read(Ok(0)) => break "server closed the connection".to_string(),
-                    Polled::Read(Ok(_)) => continue,
-                    Polled::Read(Err(error)) => break error.to_string(),
-                    Polled::Idle => false,
-                    Polled::Expired => true,
-                };
+            match poll_while_awaited(&inbox, &connection, &signal, budget).await {
+                Polled::Read => continue,
+                Polled::Over => return,
+                Polled::Idle | Polled::Expired => {}
+            }
             signal.parked.store(true, Ordering::SeqCst);
-            if !expired && connection.upgrade().is_some_and(|c| c.awaited()) {
+            if connection.upgrade().is_some_and(|c| c.awaited()) {
                 // A call registered between the poll loop and the flag: poll for it.
                 signal.parked.store(false, Ordering::SeqCst);
                 continue;
             }
             let woken = tokio::select! {
-                read = reader.read_buf(&mut buf) => Some(read),
+                ready = inbox.half.readable() => Some(ready),
                 _ = signal.wake.notified() => None,
             };
             signal.parked.store(false, Ordering::SeqCst);
-            match woken {
-                None => continue, // a call was sent: poll for its answer
-                Some(Ok(0)) => break "server closed the connection".to_string(),
-                Some(Ok(_)) => continue,
-                Some(Err(error)) => break error.to_string(),
+            if let Some(Err(error)) = woken {
+                if let Some(live) = connection.upgrade() {
+                    live.fail_all(&error.to_string());
+                }
+                return;
             }
+            continue;
         }
-        match reader.read_buf(&mut buf).await {
-            Ok(0) => break "server closed the connection".to_string(),
-            Ok(_) => {}
-            Err(error) => break error.to_string(),
+        if let Err(error) = inbox.half.readable().await {
+            if let Some(live) = connection.upgrade() {
+                live.fail_all(&error.to_string());
+            }
+            return;
         }
-    };
-    if let Some(connection) = connection.upgrade() {
-        connection.fail_all(&why);
     }
 }
 
 /// What polling the socket ended with.
 enum Polled {
-    /// A read returned (bytes, end of stream or an error).
-    Read(std::io::Result<usize>),
+    /// Something was read and handed out.
+    Read,
+    /// The connection is over (every call was told) or gone.
+    Over,
     /// No call awaits an answer.
     Idle,
     /// A call still waits, but the budget ran out.
@@ -418,18 +606,29 @@ enum Polled {
 /// Busy-poll mode: polls the socket while some call awaits its answer, for at most `budget`,
 /// and for half of it when none does.
 async fn poll_while_awaited(
-    reader: &OwnedReadHalf,
-    buf: &mut BytesMut,
+    inbox: &Inbox,
     connection: &Weak<Connection>,
     signal: &ReaderSignal,
     budget: Duration,
 ) -> Polled {
     let started = std::time::Instant::now();
     loop {
-        match reader.try_read_buf(buf) {
-            Ok(n) => return Polled::Read(Ok(n)),
-            Err(e) if e.kind() == std::io::ErrorKind::WouldBlock => {}
-            Err(e) => return Polled::Read(Err(e)),
+        let Some(live) = connection.upgrade() else {
+            return Polled::Over;
+        };
+        // A polling caller may hold the state: then it reads for us.
+        if let Some(mut state) = inbox.state.try_lock() {
+            match pump(&mut state, &live, signal, |buf| {
+                inbox.half.try_read_buf(buf)
+            }) {
+                Ok(true) => return Polled::Read,
+                Ok(false) => {}
+                Err(why) => {
+                    drop(state);
+                    live.fail_all(&why);
+                    return Polled::Over;
+                }
+            }
         }
         let elapsed = started.elapsed();
         // With nothing awaited, linger for half the budget, but only while the caller has been
@@ -438,13 +637,13 @@ async fn poll_while_awaited(
         // between calls (copying a large value) gets no lingering: the poller would only take
         // a core from it.
         let linger = signal.quick_follow_up.load(Ordering::Relaxed);
-        if (!linger || elapsed >= budget / 2) && !connection.upgrade().is_some_and(|c| c.awaited())
-        {
+        if (!linger || elapsed >= budget / 2) && !live.awaited() {
             return Polled::Idle;
         }
         if elapsed >= budget {
             return Polled::Expired;
         }
+        drop(live);
         // Lets the runtime run other tasks (the caller itself on a current-thread runtime).
         tokio::task::yield_now().await;
     }

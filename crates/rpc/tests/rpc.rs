@@ -276,23 +276,32 @@ async fn the_client_reconnects_after_the_server_restarts() {
     server.shutdown().await;
 }
 
-/// The default client polls for answers; a reader parked after a quiet spell is woken by the
-/// next call (on either runtime flavour), and dropping the client still closes the connection
-/// (the parked reader must not keep it alive).
+/// The default client polls for answers; for calls made by runtime tasks the connection's
+/// reader task does. A reader parked after a quiet spell is woken by the next call (on either
+/// runtime flavour), and dropping the client still closes the connection (the parked reader
+/// must not keep it alive).
 async fn parked_reader_is_woken_and_lets_the_connection_go() {
     let server = start(ServerConfig::default()).await;
-    let client = quick_client(server.local_addr());
+    let client = Arc::new(quick_client(server.local_addr()));
     assert!(ClientConfig::default().busy_poll.is_some());
-    for round in 0..5u32 {
-        // Back-to-back calls (the reader lingers), then a pause long enough to park it.
-        for i in 0..20u32 {
-            let body = (round * 100 + i).to_le_bytes();
-            let started = std::time::Instant::now();
-            assert_eq!(&client.call(ECHO, &body).await.unwrap()[..], &body);
-            assert!(started.elapsed() < Duration::from_secs(2), "call stalled");
+    let caller = Arc::clone(&client);
+    tokio::spawn(async move {
+        for round in 0..5u32 {
+            // Back-to-back calls (the reader lingers), then a pause long enough to park it.
+            for i in 0..20u32 {
+                let body = (round * 100 + i).to_le_bytes();
+                let started = std::time::Instant::now();
+                assert_eq!(&caller.call(ECHO, &body).await.unwrap()[..], &body);
+                assert!(started.elapsed() < Duration::from_secs(2), "call stalled");
+            }
+            tokio::time::sleep(Duration::from_millis(20)).await;
         }
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    })
+    .await
+    .unwrap();
+    // Tasks never read the socket themselves.
+    assert_eq!(client.caller_reads(), 0);
+    let client = Arc::into_inner(client).unwrap();
     let stats = Arc::clone(server.stats());
     assert_eq!(stats.connections_open.load(Ordering::Relaxed), 1);
     drop(client);
@@ -345,4 +354,143 @@ async fn after_shutdown_the_port_refuses_connections() {
     client.call(ECHO, b"x").await.unwrap();
     server.shutdown().await;
     assert!(TcpStream::connect(addr).await.is_err());
+}
+
+/// A runtime for tests that call from plain threads through `block_on`.
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Callers on their own threads (`block_on`, as the Python binding and the blocking client
+/// call) read their answers from the socket themselves; with many of them sharing one
+/// connection, each still gets its own answer.
+#[test]
+fn callers_on_their_own_threads_read_their_own_answers() {
+    let rt = Arc::new(runtime());
+    let server = rt.block_on(start(ServerConfig::default()));
+    let client = Arc::new(quick_client(server.local_addr()));
+    let threads: Vec<_> = (0..4u32)
+        .map(|t| {
+            let (rt, client) = (Arc::clone(&rt), Arc::clone(&client));
+            std::thread::spawn(move || {
+                for i in 0..300u32 {
+                    let body = (t * 1_000_000 + i).to_le_bytes();
+                    let method = if i % 2 == 0 { ECHO } else { REVERSE };
+                    let answer = rt.block_on(client.call(method, &body)).unwrap();
+                    let mut expected = body.to_vec();
+                    if method == REVERSE {
+                        expected.reverse();
+                    }
+                    assert_eq!(&answer[..], &expected[..]);
+                }
+            })
+        })
+        .collect();
+    for thread in threads {
+        thread.join().unwrap();
+    }
+    assert!(client.caller_reads() > 0, "no caller read its own answer");
+    // Without busy polling, callers wait for the reader task.
+    let quiet = RpcClient::new(
+        server.local_addr(),
+        ClientConfig {
+            busy_poll: None,
+            ..ClientConfig::default()
+        },
+    );
+    for i in 0..50u32 {
+        let body = i.to_le_bytes();
+        assert_eq!(&rt.block_on(quiet.call(ECHO, &body)).unwrap()[..], &body);
+    }
+    assert_eq!(quiet.caller_reads(), 0);
+    rt.block_on(server.shutdown());
+}
+
+/// A raw server that, for each connection, reads one request and then does `then` with it.
+async fn raw_server<F, Fut>(then: F) -> (SocketAddr, tokio::task::JoinHandle<()>)
+where
+    F: Fn(TcpStream, mooncake_proto::FrameHeader, Vec<u8>) -> Fut + Send + 'static,
+    Fut: std::future::Future<Output = ()> + Send,
+{
+    let listener = tokio::net::TcpListener::bind(loopback()).await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let task = tokio::spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            if let Some((header, body)) = read_frame(&mut stream).await {
+                then(stream, header, body).await;
+            }
+        }
+    });
+    (addr, task)
+}
+
+fn answer_frame(header: mooncake_proto::FrameHeader, body: &[u8]) -> BytesMut {
+    let mut out = BytesMut::new();
+    let response = mooncake_proto::FrameHeader {
+        kind: FrameKind::Response,
+        ..header
+    };
+    mooncake_proto::encode_frame(&mut out, response, body);
+    out
+}
+
+/// An answer that comes long after the caller's poll budget is still delivered (by the reader
+/// task), and one split over several writes is reassembled.
+#[test]
+fn a_polling_caller_gets_late_and_split_answers() {
+    let rt = runtime();
+    let (addr, task) = rt.block_on(raw_server(|mut stream, header, body| async move {
+        let out = answer_frame(header, &body);
+        tokio::time::sleep(Duration::from_millis(30)).await;
+        let (first, rest) = out.split_at(5);
+        stream.write_all(first).await.unwrap();
+        stream.flush().await.unwrap();
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        stream.write_all(rest).await.unwrap();
+        // Keep the connection open until the client hangs up.
+        let mut sink = [0u8; 64];
+        let _ = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut sink)).await;
+    }));
+    let client = quick_client(addr);
+    let started = std::time::Instant::now();
+    assert_eq!(
+        &rt.block_on(client.call(ECHO, b"late")).unwrap()[..],
+        b"late"
+    );
+    assert!(started.elapsed() < Duration::from_secs(3));
+    task.abort();
+}
+
+/// A server that hangs up, or answers garbage, while the caller polls: the call fails at once
+/// with RPC_FAIL (no hang until the call timeout), and the next call connects afresh.
+#[test]
+fn a_polling_caller_sees_hang_ups_and_bad_frames() {
+    let rt = runtime();
+    for garbage in [false, true] {
+        let (addr, task) = rt.block_on(raw_server(move |mut stream, _, _| async move {
+            if garbage {
+                stream.write_all(&[0xFF; 64]).await.unwrap();
+                let mut sink = [0u8; 64];
+                let _ = tokio::time::timeout(Duration::from_secs(5), stream.read(&mut sink)).await;
+            }
+            // else: drop the stream (hang up) without answering.
+        }));
+        let client = quick_client(addr);
+        let started = std::time::Instant::now();
+        let error = rt.block_on(client.call(ECHO, b"x")).unwrap_err();
+        assert_eq!(error.code(), ErrorCode::RPC_FAIL, "{error}");
+        assert!(
+            started.elapsed() < Duration::from_secs(3),
+            "took {:?}",
+            started.elapsed()
+        );
+        // A second call is sent on a fresh connection (and fails the same way).
+        let error = rt.block_on(client.call(ECHO, b"y")).unwrap_err();
+        assert_eq!(error.code(), ErrorCode::RPC_FAIL);
+        task.abort();
+    }
 }
