@@ -38,11 +38,10 @@ const X2K: [u32; 67] = {
     table
 };
 
-/// `x^(8 * bytes) mod P(x)`: what a CRC is multiplied by when `bytes` bytes follow it.
-fn shift_for(bytes: u64) -> u32 {
+/// `x^(n * 2^k) mod P(x)`.
+const fn pow_scaled(n: u64, mut k: usize) -> u32 {
     let mut power = 1u32 << 31; // x^0
-    let mut rest = bytes;
-    let mut k = 3; // 8 * bytes = bytes * 2^3
+    let mut rest = n;
     while rest != 0 {
         if rest & 1 != 0 {
             power = mul_mod(X2K[k], power);
@@ -51,6 +50,16 @@ fn shift_for(bytes: u64) -> u32 {
         k += 1;
     }
     power
+}
+
+/// `x^(8 * bytes) mod P(x)`: what a CRC is multiplied by when `bytes` bytes follow it.
+fn shift_for(bytes: u64) -> u32 {
+    pow_scaled(bytes, 3) // 8 * bytes = bytes * 2^3
+}
+
+/// `x^n mod P(x)`, reflected (for the folding constants of `copy::copy_crc32c`).
+pub(crate) const fn x_pow(n: u64) -> u32 {
+    pow_scaled(n, 0)
 }
 
 /// CRC32C of `bytes`.

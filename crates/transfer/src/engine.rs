@@ -12,7 +12,7 @@ use parking_lot::Mutex;
 
 use crate::batch::{Batch, BatchState, Chunk, Op, TransferRequest};
 use crate::config::{TransferConfig, TransportMode};
-use crate::copy::copy_streaming;
+use crate::copy::{copy_crc32c, copy_streaming};
 use crate::endpoint::{local_host_id, Endpoint};
 use crate::error::TransferError;
 use crate::memory::Mapping;
@@ -797,16 +797,11 @@ impl Inner {
     }
 }
 
-/// Bytes copied between two checksum updates: small enough that a step's destination is still
-/// in the core's L2 cache when it is checksummed, large enough to keep memcpy at full speed.
-const COPY_STEP_BYTES: usize = 256 << 10;
-
 /// Copies a local/shared-memory chunk from `src` to `dst` (`chunk.len_bytes` each) and, when the
-/// chunk asks for it, returns the CRC32C of its local bytes, computed step by step right after
-/// each step was copied (one pass over memory instead of two). Writes of at least
-/// `stream_min_bytes` use streaming stores (see `copy`): they land in a segment, which this
-/// process does not read next; reads land in the caller's memory, which it is about to use, so
-/// plain stores leave them in the cache.
+/// chunk asks for it, returns the CRC32C of the bytes copied, computed in the same pass (see
+/// `copy::copy_crc32c`). Writes of at least `stream_min_bytes` use streaming stores: they land
+/// in a segment, which this process does not read next; reads land in the caller's memory,
+/// which it is about to use, so plain stores leave them in the cache.
 ///
 /// # Safety
 /// `src` and `dst` must be valid for `chunk.len_bytes` bytes (read and write respectively) for
@@ -826,33 +821,16 @@ unsafe fn copy_chunk(
         return None; // `Chunk::report` checksums the final bytes if asked
     }
     let stream = chunk.op == Op::Write && len >= stream_min_bytes;
-    // SAFETY (both closures' callers below): the caller's contract, the ranges are disjoint
-    // (checked above), and `at + n <= len`.
-    let copy = |at: usize, n: usize| unsafe {
-        if stream {
-            copy_streaming(src.add(at), dst.add(at), n);
-        } else {
-            std::ptr::copy_nonoverlapping(src.add(at), dst.add(at), n);
+    // SAFETY (both calls): the caller's contract, and the ranges are disjoint (checked above).
+    unsafe {
+        if chunk.checksum {
+            return Some(copy_crc32c(src, dst, len, stream));
         }
-    };
-    if !chunk.checksum {
-        copy(0, len);
-        return None;
+        if stream {
+            copy_streaming(src, dst, len);
+        } else {
+            std::ptr::copy_nonoverlapping(src, dst, len);
+        }
     }
-    // The local side: the destination of a read (in the cache now), the source of a write (read
-    // by the copy just now; its destination may have bypassed the cache).
-    let local = match chunk.op {
-        Op::Read => dst as *const u8,
-        Op::Write => src,
-    };
-    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
-    let mut done = 0;
-    while done < len {
-        let step = COPY_STEP_BYTES.min(len - done);
-        copy(done, step);
-        // SAFETY: `local + done .. + step` lies inside the range just copied.
-        digest.update(unsafe { std::slice::from_raw_parts(local.add(done), step) });
-        done += step;
-    }
-    Some(digest.finalize() as u32)
+    None
 }
