@@ -16,7 +16,7 @@ use parking_lot::Mutex;
 use std::collections::HashMap;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
 use std::time::Duration;
 use thiserror::Error;
@@ -87,6 +87,13 @@ impl Default for ClientConfig {
     }
 }
 
+/// How long after two calls of a connection last overlapped its callers start polling for their
+/// own answers again (see [`RpcClient::call`]).
+const SEQUENTIAL_AFTER: Duration = Duration::from_millis(50);
+
+/// `Connection::overlap_at_ns` of a connection whose calls never overlapped.
+const NEVER: u64 = u64::MAX;
+
 /// Default of [`ClientConfig::busy_poll`].
 pub const DEFAULT_BUSY_POLL: Duration = Duration::from_micros(100);
 
@@ -112,8 +119,10 @@ struct Connection {
     reader: Arc<ReaderSignal>,
     /// The read side, shared with the reader task (a caller may read its own answer).
     inbox: Arc<Inbox>,
-    /// Calls whose caller polls the socket itself (the reader task need not spin for them).
-    callers_polling: AtomicUsize,
+    /// Whether a caller polls the socket itself (the reader task need not spin for its call).
+    caller_polling: AtomicBool,
+    /// When a call last found another in flight (`now_ns`; `NEVER` before).
+    overlap_at_ns: AtomicU64,
     /// The client's count of reads by polling callers.
     caller_reads: Arc<AtomicU64>,
 }
@@ -152,9 +161,11 @@ struct ReaderSignal {
 }
 
 impl Connection {
-    /// Whether a call waits for an answer that no caller polls for itself.
+    /// Whether the reader should poll: a call waits for an answer and no caller polls (that
+    /// caller hands out every answer it reads; two spinners would take the core the server
+    /// needs).
     fn awaited(&self) -> bool {
-        self.pending.lock().len() > self.callers_polling.load(Ordering::Relaxed)
+        !self.caller_polling.load(Ordering::Relaxed) && !self.pending.lock().is_empty()
     }
 
     fn fail_all(&self, why: &str) {
@@ -249,7 +260,8 @@ impl RpcClient {
             alive: AtomicBool::new(true),
             reader: Arc::new(ReaderSignal::default()),
             inbox: Arc::clone(&inbox),
-            callers_polling: AtomicUsize::new(0),
+            caller_polling: AtomicBool::new(false),
+            overlap_at_ns: AtomicU64::new(NEVER),
             caller_reads: Arc::clone(&self.caller_reads),
         });
         tokio::spawn(read_loop(
@@ -279,20 +291,38 @@ impl RpcClient {
             method,
             request_id,
         };
-        // A caller on its own thread (`block_on`, not a runtime task) polls the socket for its
-        // answer itself: no thread has to be woken to read it, nor to hand it over.
-        let caller_polls = self
-            .config
-            .busy_poll
-            .filter(|_| tokio::task::try_id().is_none());
         let (tx, mut rx) = oneshot::channel();
-        connection.pending.lock().insert(request_id, tx);
+        let alone = {
+            let mut pending = connection.pending.lock();
+            pending.insert(request_id, tx);
+            pending.len() == 1
+        };
+        let now = now_ns();
+        if !alone {
+            connection.overlap_at_ns.store(now, Ordering::Relaxed);
+        }
+        let overlapped = connection.overlap_at_ns.load(Ordering::Relaxed);
+        let sequential = alone
+            && (overlapped == NEVER
+                || now.saturating_sub(overlapped) > SEQUENTIAL_AFTER.as_nanos() as u64);
         // `fail_all` clears `alive` before draining `pending`: checking after inserting means a
         // call racing with a failure is either drained (and told) or sees the failure here.
         if !connection.alive.load(Ordering::Acquire) {
             connection.pending.lock().remove(&request_id);
             return Err(RpcError::Disconnected("connection failed".to_string()));
         }
+        // A caller on its own thread (`block_on`, not a runtime task) whose calls on this
+        // connection have not overlapped others' lately polls the socket for its answer itself:
+        // no thread has to be woken to read it, nor to hand it over. Concurrent calls (several
+        // threads on one connection) wait as a task's call does: the reader task polls for all
+        // of them and hands out their answers, one spinner instead of one per thread (with one
+        // polling caller per thread, 8 threads did half the calls per second).
+        let caller_polls = match self.config.busy_poll {
+            Some(budget) if sequential && tokio::task::try_id().is_none() => {
+                PollingGuard::try_new(&connection).map(|guard| (budget, guard))
+            }
+            _ => None,
+        };
         // The reader marks itself parked before its last look at `pending` (both SeqCst): it
         // either sees this call and keeps polling, or this sees it parked and wakes it.
         let reader_polls = self.config.busy_poll.filter(|_| caller_polls.is_none());
@@ -323,8 +353,7 @@ impl RpcClient {
             }
         }
 
-        if let Some(budget) = caller_polls {
-            let _polling = PollingGuard::new(&connection);
+        if let Some((budget, _polling)) = caller_polls {
             let answer = crate::spin_for(budget, || {
                 if let Some(answer) = try_answer(&mut rx) {
                     return Some(answer);
@@ -401,19 +430,23 @@ fn try_answer(rx: &mut oneshot::Receiver<Reply>) -> Option<Option<Reply>> {
     }
 }
 
-/// Counts a caller polling for its own answer while it lives (also when the call is dropped).
+/// The connection's one polling caller, while it lives (also when the call is dropped).
 struct PollingGuard<'a>(&'a Connection);
 
 impl<'a> PollingGuard<'a> {
-    fn new(connection: &'a Connection) -> Self {
-        connection.callers_polling.fetch_add(1, Ordering::Relaxed);
-        PollingGuard(connection)
+    /// `None` when another caller polls already.
+    fn try_new(connection: &'a Connection) -> Option<Self> {
+        connection
+            .caller_polling
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()
+            .map(|_| PollingGuard(connection))
     }
 }
 
 impl Drop for PollingGuard<'_> {
     fn drop(&mut self) {
-        self.0.callers_polling.fetch_sub(1, Ordering::Relaxed);
+        self.0.caller_polling.store(false, Ordering::Release);
     }
 }
 
@@ -558,13 +591,14 @@ async fn read_loop(
             }
         }
         if let Some(budget) = busy_poll {
-            match poll_while_awaited(&inbox, &connection, &signal, budget).await {
+            let expired = match poll_while_awaited(&inbox, &connection, &signal, budget).await {
                 Polled::Read => continue,
                 Polled::Over => return,
-                Polled::Idle | Polled::Expired => {}
-            }
+                Polled::Idle => false,
+                Polled::Expired => true,
+            };
             signal.parked.store(true, Ordering::SeqCst);
-            if connection.upgrade().is_some_and(|c| c.awaited()) {
+            if !expired && connection.upgrade().is_some_and(|c| c.awaited()) {
                 // A call registered between the poll loop and the flag: poll for it.
                 signal.parked.store(false, Ordering::SeqCst);
                 continue;

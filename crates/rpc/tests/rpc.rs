@@ -365,14 +365,19 @@ fn runtime() -> tokio::runtime::Runtime {
         .unwrap()
 }
 
-/// Callers on their own threads (`block_on`, as the Python binding and the blocking client
-/// call) read their answers from the socket themselves; with many of them sharing one
-/// connection, each still gets its own answer.
+/// A caller on its own thread (`block_on`, as the Python binding and the blocking client call)
+/// reads its answers from the socket itself; with many threads sharing one connection (where
+/// the reader task polls for them instead), each still gets its own answer.
 #[test]
 fn callers_on_their_own_threads_read_their_own_answers() {
     let rt = Arc::new(runtime());
     let server = rt.block_on(start(ServerConfig::default()));
     let client = Arc::new(quick_client(server.local_addr()));
+    for i in 0..200u32 {
+        let body = i.to_le_bytes();
+        assert_eq!(&rt.block_on(client.call(ECHO, &body)).unwrap()[..], &body);
+    }
+    assert!(client.caller_reads() > 0, "no caller read its own answer");
     let threads: Vec<_> = (0..4u32)
         .map(|t| {
             let (rt, client) = (Arc::clone(&rt), Arc::clone(&client));
@@ -393,7 +398,6 @@ fn callers_on_their_own_threads_read_their_own_answers() {
     for thread in threads {
         thread.join().unwrap();
     }
-    assert!(client.caller_reads() > 0, "no caller read its own answer");
     // Without busy polling, callers wait for the reader task.
     let quiet = RpcClient::new(
         server.local_addr(),
