@@ -258,6 +258,72 @@ async fn a_silent_server_makes_calls_time_out_with_rpc_timeout() {
     sink.abort();
 }
 
+/// CPU time this process has used (user + system).
+fn cpu_time() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_SELF, &mut usage), 0);
+        usage
+    };
+    let of = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    of(usage.ru_utime) + of(usage.ru_stime)
+}
+
+/// In busy-poll mode the reader polls for at most its budget, then parks: a call that waits
+/// long for its answer (a silent server) costs little CPU, for a task's call (the reader polls)
+/// and for a caller on its own thread (it polls itself, then waits for the reader).
+#[test]
+fn a_long_wait_does_not_keep_anyone_spinning() {
+    let rt = Arc::new(runtime());
+    let listener = rt
+        .block_on(tokio::net::TcpListener::bind(loopback()))
+        .unwrap();
+    let addr = listener.local_addr().unwrap();
+    let sink = rt.spawn(async move {
+        while let Ok((mut stream, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                let mut buf = vec![0u8; 1024];
+                while let Ok(n) = stream.read(&mut buf).await {
+                    if n == 0 {
+                        break;
+                    }
+                }
+            });
+        }
+    });
+    let client = Arc::new(RpcClient::new(
+        addr,
+        ClientConfig {
+            call_timeout: Duration::from_millis(600),
+            busy_poll: Some(Duration::from_micros(100)),
+            ..ClientConfig::default()
+        },
+    ));
+    for from_task in [true, false] {
+        let before = cpu_time();
+        let started = std::time::Instant::now();
+        let caller = Arc::clone(&client);
+        let err = if from_task {
+            rt.block_on(rt.spawn(async move { caller.call(ECHO, b"anyone?").await }))
+                .unwrap()
+                .unwrap_err()
+        } else {
+            rt.block_on(caller.call(ECHO, b"anyone?")).unwrap_err()
+        };
+        assert_eq!(err.code(), ErrorCode::RPC_TIMEOUT);
+        assert!(started.elapsed() >= Duration::from_millis(600));
+        let used = cpu_time() - before;
+        assert!(
+            used < Duration::from_millis(300),
+            "{used:?} of CPU while waiting 600 ms (from a task: {from_task})"
+        );
+    }
+    sink.abort();
+}
+
 #[tokio::test]
 async fn the_client_reconnects_after_the_server_restarts() {
     let server = start(ServerConfig::default()).await;
