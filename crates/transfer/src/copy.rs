@@ -394,60 +394,49 @@ mod x86 {
             for (src_off, dst_off, len) in cases {
                 let from = &src[src_off..src_off + len];
                 let expected = crate::crc::crc32c(from);
-                for stream in [false, true] {
-                    let mut dst = vec![0xAAu8; len + 128];
-                    // SAFETY: both ranges are inside their vectors and disjoint.
-                    let crc = unsafe {
-                        super::super::copy_crc32c(
-                            from.as_ptr(),
-                            dst.as_mut_ptr().add(dst_off),
-                            len,
-                            stream,
-                        )
-                    };
-                    assert_eq!(crc, expected, "len {len} stream {stream}");
-                    assert_eq!(&dst[dst_off..dst_off + len], from, "len {len}");
-                    assert!(
-                        dst[..dst_off].iter().all(|&b| b == 0xAA),
-                        "wrote before the range"
-                    );
-                    assert!(
-                        dst[dst_off + len..].iter().all(|&b| b == 0xAA),
-                        "wrote past the range"
-                    );
-                    if len >= 512 && has_fused_crc() {
-                        // The fused path itself, whatever the dispatch threshold.
-                        // SAFETY: as above; the CPU has what it needs.
+                // The dispatching entry point, the fused path itself (whatever the dispatch
+                // threshold) and the fallback.
+                let mut ways: Vec<(&str, CopyCrc)> = vec![
+                    ("dispatch", super::super::copy_crc32c),
+                    ("step", super::super::copy_then_crc32c),
+                ];
+                if len >= 512 && has_fused_crc() {
+                    ways.push(("fused", fused));
+                }
+                for (way, copy) in ways {
+                    for stream in [false, true] {
+                        let mut dst = vec![0xAAu8; len + 128];
+                        // SAFETY: both ranges are inside their vectors and disjoint; the fused
+                        // way only runs where the CPU has what it needs.
                         let crc = unsafe {
-                            if stream {
-                                copy_crc_fused::<true>(
-                                    from.as_ptr(),
-                                    dst.as_mut_ptr().add(dst_off),
-                                    len,
-                                )
-                            } else {
-                                copy_crc_fused::<false>(
-                                    from.as_ptr(),
-                                    dst.as_mut_ptr().add(dst_off),
-                                    len,
-                                )
-                            }
+                            copy(from.as_ptr(), dst.as_mut_ptr().add(dst_off), len, stream)
                         };
-                        assert_eq!(crc, expected, "fused len {len} stream {stream}");
+                        let case = format!("{way} len {len} stream {stream}");
+                        assert_eq!(crc, expected, "{case}");
+                        assert_eq!(&dst[dst_off..dst_off + len], from, "{case}");
+                        assert!(dst[..dst_off].iter().all(|&b| b == 0xAA), "before: {case}");
+                        assert!(
+                            dst[dst_off + len..].iter().all(|&b| b == 0xAA),
+                            "past: {case}"
+                        );
                     }
-                    // The fallback too.
-                    dst.fill(0xAA);
-                    // SAFETY: as above.
-                    let crc = unsafe {
-                        super::super::copy_then_crc32c(
-                            from.as_ptr(),
-                            dst.as_mut_ptr().add(dst_off),
-                            len,
-                            stream,
-                        )
-                    };
-                    assert_eq!(crc, expected, "step len {len} stream {stream}");
-                    assert_eq!(&dst[dst_off..dst_off + len], from, "step len {len}");
+                }
+            }
+        }
+
+        type CopyCrc = unsafe fn(*const u8, *mut u8, usize, bool) -> u32;
+
+        /// `copy_crc_fused` with the streaming choice as an argument.
+        ///
+        /// # Safety
+        /// As `copy_crc_fused`.
+        unsafe fn fused(src: *const u8, dst: *mut u8, len: usize, stream: bool) -> u32 {
+            // SAFETY: the caller's contract.
+            unsafe {
+                if stream {
+                    copy_crc_fused::<true>(src, dst, len)
+                } else {
+                    copy_crc_fused::<false>(src, dst, len)
                 }
             }
         }
