@@ -1044,6 +1044,13 @@ impl Store {
         })
     }
 
+    /// Diagnostics: how often a call to the master read its answer on the calling thread (the
+    /// busy-poll mode of `MC_RS_BUSY_POLL_US`); -1 before setup.
+    fn _master_caller_reads(&self) -> i64 {
+        self.conn()
+            .map_or(-1, |conn| conn.client.master_caller_reads() as i64)
+    }
+
     // ----- metadata ----------------------------------------------------------------------------
 
     /// 1 if the key is readable (and grants the read lease that protects it until it is read),

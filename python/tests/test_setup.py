@@ -142,11 +142,15 @@ def test_malformed_tuning_variables_are_named_in_a_warning_and_ignored(master, k
     assert s.close() == 0
 
 
-@pytest.mark.parametrize("busy_poll_us", ["0", "250"])
-def test_busy_poll_setting_off_or_longer_still_serves_calls(master, key, caplog, monkeypatch,
+@pytest.mark.parametrize("busy_poll_us", [None, "0", "250"])
+def test_busy_poll_setting_takes_effect_and_calls_are_served(master, key, caplog, monkeypatch,
                                                              busy_poll_us):
-    monkeypatch.setenv("MC_RS_BUSY_POLL_US", busy_poll_us)
+    if busy_poll_us is None:
+        monkeypatch.delenv("MC_RS_BUSY_POLL_US", raising=False)
+    else:
+        monkeypatch.setenv("MC_RS_BUSY_POLL_US", busy_poll_us)
     s = MooncakeDistributedStore()
+    assert s._master_caller_reads() == -1
     with caplog.at_level("WARNING", logger="mooncake_rs"):
         assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.addr) == 0
     assert not any("MC_RS_BUSY_POLL_US" in r.getMessage() for r in caplog.records)
@@ -154,6 +158,11 @@ def test_busy_poll_setting_off_or_longer_still_serves_calls(master, key, caplog,
         assert s.put("%s/%d" % (key, i), b"x" * (i + 1)) == 0
         assert s.is_exist("%s/%d" % (key, i)) == 1
         assert s.get("%s/%d" % (key, i)) == b"x" * (i + 1)
+    # Polling on (the default, or 250 µs): this thread read answers itself; off: never.
+    if busy_poll_us == "0":
+        assert s._master_caller_reads() == 0
+    else:
+        assert s._master_caller_reads() > 0
     assert s.close() == 0
 
 

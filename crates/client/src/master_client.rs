@@ -58,6 +58,11 @@ impl MasterClient {
         self.rpc.addr()
     }
 
+    /// How often a caller read its own answer from the socket (see `RpcClient::caller_reads`).
+    pub fn caller_reads(&self) -> u64 {
+        self.rpc.caller_reads()
+    }
+
     /// Sends any master request and returns its output.
     pub async fn call<M: Method>(&self, request: &M) -> Result<M::Output, MasterError> {
         let body = encode(request)?;

@@ -247,6 +247,12 @@ impl StoreClient {
         &self.inner.stats
     }
 
+    /// How often a call to the master read its answer from the socket on the calling thread
+    /// (busy-poll mode, calls through `block_on`; see `mooncake_rpc::ClientConfig::busy_poll`).
+    pub fn master_caller_reads(&self) -> u64 {
+        self.inner.master.caller_reads()
+    }
+
     /// The segments this client contributed.
     pub fn segments(&self) -> Vec<Segment> {
         self.inner
