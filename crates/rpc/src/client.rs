@@ -315,8 +315,9 @@ impl RpcClient {
         // connection have not overlapped others' lately polls the socket for its answer itself:
         // no thread has to be woken to read it, nor to hand it over. Concurrent calls (several
         // threads on one connection) wait as a task's call does: the reader task polls for all
-        // of them and hands out their answers, one spinner instead of one per thread (with one
-        // polling caller per thread, 8 threads did half the calls per second).
+        // of them and hands out their answers, one spinner instead of one per thread (polling
+        // whenever no other call was in flight, without the 50 ms window, two Python threads
+        // did 31-34k calls/s against 36-39k with it).
         let caller_polls = match self.config.busy_poll {
             Some(budget) if sequential && tokio::task::try_id().is_none() => {
                 PollingGuard::try_new(&connection).map(|guard| (budget, guard))
