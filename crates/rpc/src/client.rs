@@ -301,10 +301,8 @@ impl RpcClient {
         if !alone {
             connection.overlap_at_ns.store(now, Ordering::Relaxed);
         }
-        let overlapped = connection.overlap_at_ns.load(Ordering::Relaxed);
-        let sequential = alone
-            && (overlapped == NEVER
-                || now.saturating_sub(overlapped) > SEQUENTIAL_AFTER.as_nanos() as u64);
+        let sequential =
+            is_sequential(alone, now, connection.overlap_at_ns.load(Ordering::Relaxed));
         // `fail_all` clears `alive` before draining `pending`: checking after inserting means a
         // call racing with a failure is either drained (and told) or sees the failure here.
         if !connection.alive.load(Ordering::Acquire) {
@@ -420,6 +418,15 @@ fn finish(reply: Option<Reply>) -> Result<Bytes, RpcError> {
         Some(Err(error)) => Err(error),
         None => Err(RpcError::Disconnected("connection closed".to_string())),
     }
+}
+
+/// Whether a call may poll for its own answer: no other call is in flight (`alone`) and none
+/// overlapped another within `SEQUENTIAL_AFTER` before `now` (`last_overlap`, `NEVER` if none
+/// ever did).
+fn is_sequential(alone: bool, now: u64, last_overlap: u64) -> bool {
+    alone
+        && (last_overlap == NEVER
+            || now.saturating_sub(last_overlap) > SEQUENTIAL_AFTER.as_nanos() as u64)
 }
 
 /// The answer in `rx` if it came (`Some(None)`: the connection ended without one).
@@ -692,4 +699,24 @@ fn now_ns() -> u64 {
         .get_or_init(std::time::Instant::now)
         .elapsed()
         .as_nanos() as u64
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{is_sequential, NEVER, SEQUENTIAL_AFTER};
+
+    /// A call polls for itself only when alone, and not within the window after an overlap.
+    #[test]
+    fn callers_poll_only_when_alone_and_not_right_after_an_overlap() {
+        let window = SEQUENTIAL_AFTER.as_nanos() as u64;
+        let now = 10 * window;
+        assert!(is_sequential(true, now, NEVER));
+        assert!(!is_sequential(false, now, NEVER));
+        assert!(!is_sequential(true, now, now));
+        assert!(!is_sequential(true, now, now - window));
+        assert!(is_sequential(true, now, now - window - 1));
+        assert!(!is_sequential(false, now, now - 2 * window));
+        // A clock that reads earlier than the overlap (another thread stored it meanwhile).
+        assert!(!is_sequential(true, now, now + 5));
+    }
 }

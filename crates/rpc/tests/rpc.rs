@@ -14,6 +14,7 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
+use tokio::runtime::Runtime;
 
 const ECHO: u16 = 1;
 const REVERSE: u16 = 2;
@@ -277,7 +278,7 @@ fn cpu_time() -> Duration {
 /// and for a caller on its own thread (it polls itself, then waits for the reader).
 #[test]
 fn a_long_wait_does_not_keep_anyone_spinning() {
-    let rt = Arc::new(runtime());
+    let rt = Arc::new(Runtime::new().unwrap());
     let listener = rt
         .block_on(tokio::net::TcpListener::bind(loopback()))
         .unwrap();
@@ -422,21 +423,12 @@ async fn after_shutdown_the_port_refuses_connections() {
     assert!(TcpStream::connect(addr).await.is_err());
 }
 
-/// A runtime for tests that call from plain threads through `block_on`.
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
 /// A caller on its own thread (`block_on`, as the Python binding and the blocking client call)
 /// reads its answers from the socket itself; with many threads sharing one connection (where
 /// the reader task polls for them instead), each still gets its own answer.
 #[test]
 fn callers_on_their_own_threads_read_their_own_answers() {
-    let rt = Arc::new(runtime());
+    let rt = Arc::new(Runtime::new().unwrap());
     let server = rt.block_on(start(ServerConfig::default()));
     let client = Arc::new(quick_client(server.local_addr()));
     for i in 0..200u32 {
@@ -512,7 +504,7 @@ fn answer_frame(header: mooncake_proto::FrameHeader, body: &[u8]) -> BytesMut {
 /// task), and one split over several writes is reassembled.
 #[test]
 fn a_polling_caller_gets_late_and_split_answers() {
-    let rt = runtime();
+    let rt = Runtime::new().unwrap();
     let (addr, task) = rt.block_on(raw_server(|mut stream, header, body| async move {
         let out = answer_frame(header, &body);
         tokio::time::sleep(Duration::from_millis(30)).await;
@@ -539,7 +531,7 @@ fn a_polling_caller_gets_late_and_split_answers() {
 /// with RPC_FAIL (no hang until the call timeout), and the next call connects afresh.
 #[test]
 fn a_polling_caller_sees_hang_ups_and_bad_frames() {
-    let rt = runtime();
+    let rt = Runtime::new().unwrap();
     for garbage in [false, true] {
         let (addr, task) = rt.block_on(raw_server(move |mut stream, _, _| async move {
             if garbage {

@@ -129,7 +129,8 @@ struct Inner {
 
 /// Parsed endpoints by the string the master carries (about 150 bytes each). The entry used
 /// last is checked first, by comparing the bytes: the keys of a batch mostly live on one node,
-/// and hashing the string twice per key with SipHash cost ~10 µs per 32-key batch read.
+/// and hashing the string twice per key with SipHash plus the lookup were 1.0-1.6% of the
+/// CPU samples of a Python 32 × 64 KiB `batch_get_into` loop (`perf`).
 #[derive(Debug, Default)]
 struct EndpointCache {
     last: Option<(Arc<str>, Arc<Endpoint>)>,
