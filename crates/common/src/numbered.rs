@@ -149,7 +149,7 @@ impl<T: UpstreamNumber> Visitor<'_> for NumberVisitor<T> {
     fn visit_u64<E: de::Error>(self, v: u64) -> Result<T, E> {
         match i64::try_from(v) {
             Ok(v) => Self::number(v),
-            Err(_) => Err(refuse::<T, E>(format!("number {v}"))),
+            Err(_) => T::FALLBACK.ok_or_else(|| refuse::<T, E>(format!("number {v}"))),
         }
     }
 
@@ -230,6 +230,10 @@ macro_rules! numbered_enum {
 
             fn upstream_name(self) -> &'static str {
                 self.name()
+            }
+
+            fn with_number(number: i64) -> Option<Self> {
+                <$repr>::try_from(number).ok().and_then($name::from_number)
             }
         }
 
