@@ -92,3 +92,35 @@ pub fn used(m: &MasterService, id: u64) -> Option<u64> {
         .find(|u| u.id == SegmentId::new(id, 0))
         .and_then(|u| u.used_bytes)
 }
+
+/// The seed of a randomized test: `MC_TEST_SEED` when set (decimal), else a fresh random one.
+/// Keep the returned guard alive for the whole test: if the test panics it prints the seed, so
+/// the failing run replays with `MC_TEST_SEED=<seed> cargo nextest run -p mooncake-master <test>`.
+pub fn test_seed(test: &'static str) -> (u64, SeedGuard) {
+    let seed = match std::env::var("MC_TEST_SEED") {
+        Ok(text) => text
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("MC_TEST_SEED={text:?} is not a u64")),
+        Err(_) => fastrand::u64(..),
+    };
+    (seed, SeedGuard { test, seed })
+}
+
+/// Prints the test's seed when the test panics (see [`test_seed`]).
+#[derive(Debug)]
+pub struct SeedGuard {
+    test: &'static str,
+    seed: u64,
+}
+
+impl Drop for SeedGuard {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            eprintln!(
+                "{} failed with seed {}: replay with MC_TEST_SEED={}",
+                self.test, self.seed, self.seed
+            );
+        }
+    }
+}
