@@ -254,3 +254,67 @@ impl MasterService {
         self.replication_finish(client, key, tenant, TaskKind::Move, false)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use mooncake_common::{
+        ManualClock, ObjectMeta, ReplicaType, ReplicateConfig, Segment, SegmentId, TenantId,
+    };
+
+    use super::*;
+    use crate::{MasterServiceConfig, TenantPolicy};
+
+    fn segment(id: u64, name: &str) -> Segment {
+        Segment {
+            id: SegmentId::new(id, id),
+            name: name.into(),
+            base: id << 30,
+            size: 1 << 20,
+            te_endpoint: name.into(),
+            protocol: "tcp".into(),
+            host_id: String::new(),
+        }
+    }
+
+    /// CopyStart on a named tenant's object whose only replica died (its segment's allocator is
+    /// gone, the unmount sweep not run yet) erases the object; the tenant's now empty state in
+    /// that shard must go with it, as on every other write path.
+    #[test]
+    fn copy_start_on_a_dead_object_drops_the_empty_tenant_state() {
+        let m = MasterService::new(
+            MasterServiceConfig {
+                enable_multi_tenants: true,
+                ..Default::default()
+            },
+            Arc::new(ManualClock::new(1_000)),
+        )
+        .unwrap();
+        let mut p = TenantPolicy::default();
+        p.tenants.insert(TenantId::new("t1").unwrap(), 1 << 30);
+        m.apply_tenant_policy(p).unwrap();
+        let c = ClientId::new(1, 1);
+        let a = segment(1, "a");
+        m.mount_segment(&a, c).unwrap();
+        m.put_start(c, "k", 10, &ReplicateConfig::default(), "t1")
+            .unwrap();
+        m.put_end(c, &ObjectMeta::new("k"), ReplicaType::ALL, "t1")
+            .unwrap();
+        assert_eq!(m.tenant_state_count(), 1);
+        // The unmount's first step only: the allocator dies, the shards are not swept.
+        drop(m.segments.inner.write().prepare_unmount(a.id).unwrap());
+        m.mount_segment(&segment(2, "b"), c).unwrap();
+        assert_eq!(
+            m.copy_start(c, "k", "t1", "a", &["b".to_string()]),
+            Err(ErrorCode::OBJECT_NOT_FOUND)
+        );
+        assert_eq!(m.object_count(), 0);
+        assert_eq!(
+            m.tenant_state_count(),
+            0,
+            "an empty tenant state was left behind"
+        );
+    }
+}

@@ -461,11 +461,7 @@ fn kind(m: &Mutation) -> &'static str {
 const ROUNDS: u64 = 4;
 
 fn run(multi_tenant: bool) {
-    let (seed, _guard) = test_seed(if multi_tenant {
-        "replay_multi_tenant"
-    } else {
-        "replay_single_tenant"
-    });
+    let seed = test_seed();
     for round in 0..ROUNDS {
         run_one(seed.wrapping_add(round), multi_tenant);
     }

@@ -268,7 +268,7 @@ fn quota_is_conserved_under_puts_removes_evictions_and_client_deaths() {
     for i in 0..3 {
         mount(i);
     }
-    let mut rng = fastrand::Rng::with_seed(7);
+    let mut rng = fastrand::Rng::with_seed(test_seed());
     let tenants = ["t1", "t2", "t3"];
     for step in 0..3000 {
         clock.advance(rng.u64(1..50));
