@@ -160,6 +160,32 @@ impl World {
         Some((source, target))
     }
 
+    /// A copy or a move of `key`, then its End, its Revoke, or nothing (left to the reaper).
+    fn copy_or_move(&mut self, client: ClientId, key: &str, tenant: &str) {
+        let Some((source, target)) = self.source_and_target(key, tenant) else {
+            return;
+        };
+        let a = &self.a;
+        let finish = self.rng.u8(..4);
+        if self.rng.bool() {
+            if a.copy_start(client, key, tenant, &source, &[target])
+                .is_ok()
+            {
+                let _ = match finish {
+                    0 | 1 => a.copy_end(client, key, tenant),
+                    2 => a.copy_revoke(client, key, tenant),
+                    _ => Ok(()),
+                };
+            }
+        } else if a.move_start(client, key, tenant, &source, &target).is_ok() {
+            let _ = match finish {
+                0 | 1 => a.move_end(client, key, tenant),
+                2 => a.move_revoke(client, key, tenant),
+                _ => Ok(()),
+            };
+        }
+    }
+
     /// One random operation on A. Results are not checked here: only that B can follow.
     fn step(&mut self) {
         let key = self.key();
@@ -223,30 +249,7 @@ impl World {
                 };
                 let _ = self.a.batch_replica_clear(&keys, client, &name, tenant);
             }
-            20..=22 => {
-                let Some((source, target)) = self.source_and_target(&key, tenant) else {
-                    return;
-                };
-                let a = &self.a;
-                let finish = self.rng.u8(..4);
-                if self.rng.bool() {
-                    if a.copy_start(client, &key, tenant, &source, &[target])
-                        .is_ok()
-                    {
-                        let _ = match finish {
-                            0 | 1 => a.copy_end(client, &key, tenant),
-                            2 => a.copy_revoke(client, &key, tenant),
-                            _ => Ok(()),
-                        };
-                    }
-                } else if a.move_start(client, &key, tenant, &source, &target).is_ok() {
-                    let _ = match finish {
-                        0 | 1 => a.move_end(client, &key, tenant),
-                        2 => a.move_revoke(client, &key, tenant),
-                        _ => Ok(()),
-                    };
-                }
-            }
+            20..=22 => self.copy_or_move(client, &key, tenant),
             23 | 24 => {
                 let _ = a.get_replica_list(&key, tenant);
                 let keys: Vec<String> = (0..4).map(|_| self.key()).collect();
@@ -300,7 +303,7 @@ impl World {
                     self.c2_dead = true;
                 }
             }
-            37 if tenant != "" => {
+            37 if !tenant.is_empty() => {
                 if self.rng.bool() {
                     let quota = self.rng.u64(4096..32 * 1024);
                     let _ = self.a.set_tenant_quota(tenant, quota);
