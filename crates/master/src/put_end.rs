@@ -5,7 +5,7 @@
 use mooncake_common::{ClientId, ErrorCode, ObjectMeta, ReplicaStatus, ReplicaType, SoftPinAction};
 
 use crate::handle::MasterService;
-use crate::object::Replica;
+use crate::object::{ObjectMetadata, Replica, FLAG_PROCESSING};
 
 impl MasterService {
     /// PutEnd: marks the selected PROCESSING replicas COMPLETE (the object becomes readable).
@@ -40,50 +40,59 @@ impl MasterService {
                     };
                 }
                 edit.changed();
-                let had_complete = m.has_complete();
-                for r in m.replicas.iter_mut() {
-                    if replica_type.selects(r.replica_type())
-                        && r.status == ReplicaStatus::PROCESSING
-                    {
-                        r.status = ReplicaStatus::COMPLETE;
-                    }
-                }
-                let mut pin_deadline = None;
-                if !had_complete && m.has_complete() {
-                    if let Some(pin) = m.extra.as_mut().and_then(|e| e.pending_soft_pin.take()) {
-                        match pin.action {
-                            SoftPinAction::Enable if pin.ttl_ms > 0 => {
-                                let deadline = now.saturating_add(pin.ttl_ms);
-                                m.soft_pin_deadline_ms = deadline;
-                                pin_deadline = Some(deadline);
-                            }
-                            SoftPinAction::Enable | SoftPinAction::Disable => {
-                                m.soft_pin_deadline_ms = 0
-                            }
-                            SoftPinAction::Preserve => {}
-                        }
-                        m.compact_extra();
-                    }
-                }
-                if meta.object_checksum.is_some()
-                    || matches!(
-                        replica_type,
-                        ReplicaType::ALL | ReplicaType::MEMORY | ReplicaType::NOF_SSD
-                    )
-                {
-                    m.set_checksum(meta.object_checksum);
-                }
-                if m.all_complete() {
-                    m.set(crate::object::FLAG_PROCESSING, false);
-                }
-                m.grant_lease(now, 0);
-                m.touch(now);
-                Ok(pin_deadline)
+                Ok(Self::complete_put(m, meta, replica_type, now))
             })?;
         if let Some(deadline_ms) = pin_deadline {
             self.push_soft_pin(tenant, key, deadline_ms);
         }
         Ok(())
+    }
+
+    /// PutEnd's state change on an object being written: the selected PROCESSING replicas become
+    /// COMPLETE, the pending soft pin applies when this completes the first replica (returns its
+    /// deadline to queue), the checksum is stored, the object leaves processing once every
+    /// replica is complete, and it counts as an access.
+    fn complete_put(
+        m: &mut ObjectMetadata,
+        meta: &ObjectMeta,
+        replica_type: ReplicaType,
+        now: u64,
+    ) -> Option<u64> {
+        let had_complete = m.has_complete();
+        for r in m.replicas.iter_mut() {
+            if replica_type.selects(r.replica_type()) && r.status == ReplicaStatus::PROCESSING {
+                r.status = ReplicaStatus::COMPLETE;
+            }
+        }
+        let mut pin_deadline = None;
+        if !had_complete && m.has_complete() {
+            if let Some(pin) = m.extra.as_mut().and_then(|e| e.pending_soft_pin.take()) {
+                match pin.action {
+                    SoftPinAction::Enable if pin.ttl_ms > 0 => {
+                        let deadline = now.saturating_add(pin.ttl_ms);
+                        m.soft_pin_deadline_ms = deadline;
+                        pin_deadline = Some(deadline);
+                    }
+                    SoftPinAction::Enable | SoftPinAction::Disable => m.soft_pin_deadline_ms = 0,
+                    SoftPinAction::Preserve => {}
+                }
+                m.compact_extra();
+            }
+        }
+        if meta.object_checksum.is_some()
+            || matches!(
+                replica_type,
+                ReplicaType::ALL | ReplicaType::MEMORY | ReplicaType::NOF_SSD
+            )
+        {
+            m.set_checksum(meta.object_checksum);
+        }
+        if m.all_complete() {
+            m.set(FLAG_PROCESSING, false);
+        }
+        m.grant_lease(now, 0);
+        m.touch(now);
+        pin_deadline
     }
 
     /// PutRevoke: erases the selected PROCESSING replicas and frees their buffers at once.
@@ -118,7 +127,7 @@ impl MasterService {
                 .replicas
                 .iter()
                 .any(|r| r.status == ReplicaStatus::PROCESSING);
-            m.set(crate::object::FLAG_PROCESSING, processing);
+            m.set(FLAG_PROCESSING, processing);
             if !processing {
                 if let Some(e) = m.extra.as_mut() {
                     e.pending_soft_pin = None;

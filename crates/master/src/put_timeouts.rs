@@ -7,7 +7,7 @@ use mooncake_common::ReplicaStatus;
 use crate::deferred::DiscardedBuffers;
 use crate::handle::MasterService;
 use crate::index::SHARD_COUNT;
-use crate::mutation::{DiscardedRecord, Mutation};
+use crate::mutation::{BufferRecord, DiscardedRecord, Mutation};
 use crate::object::{Removed, Replica, FLAG_PROCESSING};
 
 /// What one [`MasterService::run_put_timeouts_once`] did.
@@ -44,12 +44,11 @@ impl MasterService {
                 buffers: buffers
                     .iter()
                     .filter_map(|h| {
-                        segs.live_segment_of(h)
-                            .map(|segment| crate::mutation::BufferRecord {
-                                segment,
-                                offset: h.offset(),
-                                len: h.len(),
-                            })
+                        segs.live_segment_of(h).map(|segment| BufferRecord {
+                            segment,
+                            offset: h.offset(),
+                            len: h.len(),
+                        })
                     })
                     .collect(),
             })

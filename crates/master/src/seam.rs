@@ -21,7 +21,7 @@
 //! Without an observer every emission is one predictable branch: no record is built, no lock
 //! taken.
 
-use mooncake_common::ErrorCode;
+use mooncake_common::{ClientId, ErrorCode};
 
 use crate::handle::MasterService;
 use crate::index::{Shard, Tenant};
@@ -192,7 +192,7 @@ impl MasterService {
         tenant: Tenant<'_>,
         hash: u64,
         key: &str,
-        client: mooncake_common::ClientId,
+        client: ClientId,
         f: impl FnOnce(&mut ObjectMetadata, &mut Edit) -> Result<R, ErrorCode>,
     ) -> Result<R, ErrorCode> {
         self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {

@@ -13,7 +13,7 @@ use mooncake_common::{ClientId, ErrorCode, Segment, SegmentId, SegmentStatus};
 use crate::handle::MasterService;
 use crate::index::SHARD_COUNT;
 use crate::mutation::Mutation;
-use crate::segments::{SegmentUsage, Segments};
+use crate::segments::{Mounted, SegmentUsage, Segments};
 
 impl MasterService {
     /// MountSegment: `base == 0` or `size == 0` → INVALID_PARAMS; the same id mounted and OK →
@@ -23,7 +23,7 @@ impl MasterService {
         let _ = self.clients.push(client);
         {
             let mut segs = self.segments.inner.write();
-            if segs.mount(segment, client)? == crate::segments::Mounted::New {
+            if segs.mount(segment, client)? == Mounted::New {
                 self.emit(|| Mutation::SegmentMounted {
                     segment: segment.clone(),
                     client,
