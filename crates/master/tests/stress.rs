@@ -5,6 +5,11 @@
 //! nothing overlaps, cleaning everything up returns every byte, and no thread is stuck. The
 //! workers' operations and the master's random choices are seeded from `MC_TEST_SEED` (printed on
 //! failure; the thread interleaving is not reproducible).
+//!
+//! A hot standby follows the whole run: every mutation the master observes is applied to a second
+//! master at once, in the observed order (the observer runs under the master's locks). It must
+//! apply without error and end with the same export and the same allocators, which checks the
+//! seam's ordering rules (emit before free, records against unmounts) under real concurrency.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -16,17 +21,65 @@ use std::time::{Duration, Instant};
 
 use common::*;
 use mooncake_common::{ClientId, ManualClock, ObjectMeta, ReplicaType, SegmentId};
-use mooncake_master::MasterService;
+use mooncake_master::{MasterService, Mutation, MutationObserver};
 
 const RUN_FOR: Duration = Duration::from_millis(2_500);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 const KEYS: u64 = 96;
+
+/// Applies every observed mutation to its own master, in observed order.
+#[derive(Debug)]
+struct Standby {
+    master: MasterService,
+    /// Serializes the applies (and records the first failures).
+    errors: std::sync::Mutex<Vec<String>>,
+}
+
+impl MutationObserver for Standby {
+    fn observe(&self, m: &Mutation) {
+        let mut errors = self.errors.lock().unwrap();
+        if let Err(e) = self.master.apply(m) {
+            if errors.len() < 8 {
+                errors.push(format!("{e}: {m:?}"));
+            }
+        }
+    }
+}
+
+/// The standby agrees with the master (which must be quiescent).
+fn assert_standby_agrees(m: &MasterService, standby: &Standby, when: &str) {
+    let errors = standby.errors.lock().unwrap();
+    assert!(
+        errors.is_empty(),
+        "{when}: mutations that did not apply: {errors:#?}"
+    );
+    let (a, b) = (m.export_state(), standby.master.export_state());
+    assert_eq!(a.objects.len(), b.objects.len(), "{when}: object count");
+    assert!(
+        a == b,
+        "{when}: the standby's export differs from the master's"
+    );
+    for s in &a.segments {
+        let id = s.segment.id;
+        assert_eq!(
+            m.segment_free_ranges(id),
+            standby.master.segment_free_ranges(id),
+            "{when}: free ranges of segment {id}"
+        );
+    }
+    assert_accounting(&standby.master);
+}
 
 #[test]
 fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
     let clock = Arc::new(ManualClock::new(T0_MS));
     let seed = test_seed();
     let m = Arc::new(MasterService::with_seed(Default::default(), clock.clone(), seed).unwrap());
+    let standby = Arc::new(Standby {
+        master: MasterService::new(Default::default(), Arc::new(ManualClock::new(T0_MS))).unwrap(),
+        errors: Default::default(),
+    });
+    m.set_observer(standby.clone()).unwrap();
     for id in 1..=4 {
         m.mount_segment(&seg(id, &format!("s{id}"), 64 * 1024), C1)
             .unwrap();
@@ -73,6 +126,7 @@ fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
     let report = m.check_accounting();
     assert!(report.problems.is_empty(), "{:#?}", report.problems);
     assert!(report.segments_checked >= 4, "{}", report.segments_checked);
+    assert_standby_agrees(&m, &standby, "after the run");
 
     // Clean everything: complete objects by force, in-flight puts by the reaper.
     m.remove_all(true, "");
@@ -84,6 +138,8 @@ fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
         assert_eq!(u.used_bytes, Some(0), "segment {} leaked bytes", u.id);
         assert_eq!(u.live_buffers, Some(0));
     }
+    assert_standby_agrees(&m, &standby, "after the clean-up");
+    assert_eq!(standby.master.object_count(), 0);
 }
 
 /// A worker on overlapping keys: puts, revokes, upserts, copies, reads, removes.
