@@ -525,3 +525,75 @@ fn replayed_mutations_rebuild_the_same_state_single_tenant() {
 fn replayed_mutations_rebuild_the_same_state_multi_tenant() {
     run(true);
 }
+
+#[test]
+fn apply_refuses_what_does_not_fit_and_erase_is_idempotent() {
+    use mooncake_master::mutation::{BufferRecord, ReplicaPlace};
+    use mooncake_master::{ApplyError, ObserverAlreadySet};
+
+    let (_, a) = master();
+    let log = Arc::new(Recorder::default());
+    a.set_observer(log.clone()).unwrap();
+    assert_eq!(a.set_observer(log.clone()), Err(ObserverAlreadySet));
+    a.mount_segment(&seg(1, "s1", 4096), C1).unwrap();
+    put(&a, C1, "k", 100, 1);
+    let (_, b) = master();
+    let recorded = log.0.lock().unwrap().clone();
+    for m in &recorded {
+        b.apply(m).unwrap();
+    }
+    assert_eq!(a.export_state(), b.export_state());
+    let Some(Mutation::Object(record)) = recorded.last().cloned() else {
+        panic!("the last mutation should be PutEnd's record: {recorded:?}");
+    };
+    // Another key on the same range: the allocator refuses the overlap, nothing changes.
+    let mut other = record.clone();
+    other.key = "other".into();
+    assert!(matches!(
+        b.apply(&Mutation::Object(other.clone())),
+        Err(ApplyError::Claim { .. })
+    ));
+    assert_eq!(a.export_state(), b.export_state());
+    // A segment that is not mounted.
+    let ReplicaPlace::Memory(buffer) = other.replicas[0].place.clone() else {
+        panic!("a memory replica: {other:?}");
+    };
+    other.replicas[0].place = ReplicaPlace::Memory(BufferRecord {
+        segment: SegmentId::new(99, 0),
+        ..buffer
+    });
+    assert_eq!(
+        b.apply(&Mutation::Object(other.clone())),
+        Err(ApplyError::UnknownSegment(SegmentId::new(99, 0)))
+    );
+    other.replicas.clear();
+    assert!(matches!(
+        b.apply(&Mutation::Object(other)),
+        Err(ApplyError::EmptyObject { .. })
+    ));
+    assert_eq!(
+        b.apply(&Mutation::SegmentUnmounted {
+            id: SegmentId::new(99, 0)
+        }),
+        Err(ApplyError::UnknownSegment(SegmentId::new(99, 0)))
+    );
+    assert!(matches!(
+        b.apply(&Mutation::TenantPolicy(TenantPolicy::default())),
+        Err(ApplyError::Refused { .. })
+    ));
+    // Re-applying a record is a no-op; erasing twice too.
+    b.apply(&Mutation::Object(record.clone())).unwrap();
+    assert_eq!(a.export_state(), b.export_state());
+    let erase = Mutation::Erase {
+        tenant: None,
+        key: "k".into(),
+    };
+    b.apply(&erase).unwrap();
+    b.apply(&erase).unwrap();
+    assert_eq!(b.export_state().objects, vec![]);
+    assert_eq!(
+        used(&b, 1),
+        Some(0),
+        "the erased object's buffer is free again"
+    );
+}
