@@ -31,7 +31,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 use tokio::io::AsyncWriteExt;
-use tokio::net::{TcpListener, TcpStream};
+use tokio::net::{TcpListener, TcpSocket, TcpStream};
 use tokio::sync::watch;
 use tokio::task::JoinSet;
 
@@ -84,6 +84,9 @@ pub const DEFAULT_EVICT_IDLE_AFTER: Duration = Duration::from_secs(60);
 const KEEPALIVE_IDLE_SECS: i32 = 60;
 const KEEPALIVE_INTERVAL_SECS: i32 = 10;
 const KEEPALIVE_PROBES: i32 = 3;
+/// Accept queue length asked of the kernel (capped at `net.core.somaxconn`): a burst of
+/// connections is queued rather than dropped (a dropped SYN is retried only a second later).
+const LISTEN_BACKLOG: u32 = 4096;
 /// A connection with nothing buffered frees its buffers after this long without a byte.
 const RELEASE_BUFFERS_AFTER: Duration = Duration::from_secs(1);
 /// Least spare room for one read.
@@ -242,7 +245,14 @@ impl RpcServer {
         handler: Arc<H>,
         config: ServerConfig,
     ) -> std::io::Result<RpcServer> {
-        let listener = TcpListener::bind(addr).await?;
+        let socket = if addr.is_ipv4() {
+            TcpSocket::new_v4()?
+        } else {
+            TcpSocket::new_v6()?
+        };
+        socket.set_reuseaddr(true)?;
+        socket.bind(addr)?;
+        let listener = socket.listen(LISTEN_BACKLOG)?;
         let local_addr = listener.local_addr()?;
         let (shutdown, shutdown_rx) = watch::channel(false);
         let stats = Arc::new(ServerStats::default());
