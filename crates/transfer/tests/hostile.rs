@@ -310,3 +310,60 @@ fn connect_from(local: IpAddr, server: SocketAddr) -> TcpStream {
         TcpStream::from_raw_fd(fd)
     }
 }
+
+/// Connections that send part of a request header and stall wait in the poller, not on a
+/// worker thread each, and are closed once the header is older than the I/O timeout; a header
+/// sent in pieces slower than a worker waits is still served.
+#[test]
+fn partial_headers_hold_no_thread_and_are_closed_at_the_io_timeout() {
+    let Server {
+        engine: server,
+        segment,
+        data,
+        _segment,
+    } = server_with_segment(TransferConfig {
+        server_io_timeout_ms: 1_000,
+        ..TransferConfig::default()
+    });
+    let addr = data_port(&server);
+    let header = mooncake_transfer::wire::Header::request(
+        mooncake_transfer::wire::Kind::ReadRequest,
+        5,
+        segment,
+        16,
+        8,
+    )
+    .encode();
+    let threads_before = thread_count();
+    let mut stalled: Vec<TcpStream> = (0..200)
+        .map(|_| {
+            let mut stream = TcpStream::connect(addr).unwrap();
+            std::io::Write::write_all(&mut stream, &header[..10]).unwrap();
+            stream
+        })
+        .collect();
+    // A header in two pieces 500 ms apart (a worker gives up waiting after 200 ms).
+    let mut slow = TcpStream::connect(addr).unwrap();
+    std::io::Write::write_all(&mut slow, &header[..20]).unwrap();
+    std::thread::sleep(Duration::from_millis(500));
+    assert!(
+        thread_count() < threads_before + 16,
+        "200 stalled headers made {} threads",
+        thread_count().saturating_sub(threads_before)
+    );
+    std::io::Write::write_all(&mut slow, &header[20..]).unwrap();
+    let mut answer = [0u8; mooncake_transfer::wire::HEADER_BYTES + 8];
+    slow.set_read_timeout(Some(PATIENCE)).unwrap();
+    slow.read_exact(&mut answer).unwrap();
+    assert_eq!(
+        &answer[mooncake_transfer::wire::HEADER_BYTES..],
+        &data[16..24]
+    );
+    for stream in stalled.iter_mut().take(3) {
+        assert!(closed_by_server(stream), "stalled header still open");
+    }
+    let stats = server.server_stats();
+    eventually("every stalled header closed", || {
+        stats.stalled_headers.load(Ordering::Relaxed) == 200
+    });
+}

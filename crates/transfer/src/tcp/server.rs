@@ -62,6 +62,8 @@ pub struct ServerStats {
     pub connections_evicted: AtomicUsize,
     /// Parked connections closed by the idle timeout.
     pub idle_timeouts: AtomicUsize,
+    /// Connections closed because a request header did not complete within the I/O timeout.
+    pub stalled_headers: AtomicUsize,
     /// Worker threads alive now.
     pub workers: AtomicUsize,
 }
@@ -88,6 +90,89 @@ struct Conn {
     last_active_ns: AtomicU64,
     /// Whether a request of it passed the registry check.
     served: AtomicBool,
+    /// The part of the next request header read so far while parked (a worker is only given
+    /// a connection once its whole header is here).
+    header: Mutex<PartialHeader>,
+}
+
+/// Header bytes read ahead of a worker.
+#[derive(Debug)]
+struct PartialHeader {
+    bytes: [u8; HEADER_BYTES],
+    len: usize,
+    /// When the first of them arrived (ns since `Shared::epoch`).
+    since_ns: u64,
+}
+
+impl Default for PartialHeader {
+    fn default() -> Self {
+        PartialHeader {
+            bytes: [0; HEADER_BYTES],
+            len: 0,
+            since_ns: 0,
+        }
+    }
+}
+
+/// What a non-blocking read of the next header found.
+enum HeaderRead {
+    Complete,
+    Partial,
+    Closed,
+}
+
+impl Conn {
+    /// Reads what has arrived of the next header, never past it (the payload stays in the
+    /// socket for the worker).
+    fn read_header(&self, now_ns: u64) -> HeaderRead {
+        let mut header = self.header.lock();
+        while header.len < HEADER_BYTES {
+            let have = header.len;
+            let spare = &mut header.bytes[have..];
+            // SAFETY: `spare` is a live buffer of `spare.len()` writable bytes; the descriptor is
+            // open while `self.stream` lives.
+            let n = unsafe {
+                libc::recv(
+                    self.stream.as_raw_fd(),
+                    spare.as_mut_ptr().cast(),
+                    spare.len(),
+                    libc::MSG_DONTWAIT,
+                )
+            };
+            if n == 0 {
+                return HeaderRead::Closed;
+            }
+            if n < 0 {
+                let err = std::io::Error::last_os_error();
+                return match err.kind() {
+                    std::io::ErrorKind::WouldBlock => HeaderRead::Partial,
+                    std::io::ErrorKind::Interrupted => continue,
+                    _ => HeaderRead::Closed,
+                };
+            }
+            if have == 0 {
+                header.since_ns = now_ns;
+            }
+            header.len += n as usize;
+        }
+        HeaderRead::Complete
+    }
+
+    /// Moves the header bytes read ahead into `raw`; returns how many there were.
+    fn take_header(&self, raw: &mut [u8; HEADER_BYTES]) -> usize {
+        let mut header = self.header.lock();
+        let len = std::mem::take(&mut header.len);
+        raw[..len].copy_from_slice(&header.bytes[..len]);
+        len
+    }
+
+    /// Keeps the start of a header for later (the connection is being parked).
+    fn stash_header(&self, bytes: &[u8], since_ns: u64) {
+        let mut header = self.header.lock();
+        header.bytes[..bytes.len()].copy_from_slice(bytes);
+        header.len = bytes.len();
+        header.since_ns = since_ns;
+    }
 }
 
 #[derive(Debug)]
@@ -289,6 +374,7 @@ impl Shared {
             accepted_ns: now,
             last_active_ns: AtomicU64::new(now),
             served: AtomicBool::new(false),
+            header: Mutex::new(PartialHeader::default()),
         });
         table.entries.insert(
             conn.id,
@@ -344,38 +430,61 @@ impl Shared {
             };
             entry.parked = true;
         }
+        if !self.arm(conn, libc::EPOLL_CTL_ADD) {
+            self.close(conn.id);
+        }
+    }
+
+    /// Registers (`EPOLL_CTL_ADD`) or re-arms (`EPOLL_CTL_MOD`) `conn` for one readiness event.
+    fn arm(&self, conn: &Conn, op: libc::c_int) -> bool {
         let mut event = libc::epoll_event {
             events: (libc::EPOLLIN | libc::EPOLLRDHUP | libc::EPOLLONESHOT) as u32,
             u64: conn.id,
         };
         // SAFETY: both descriptors are open (the epoll set lives in `self`, the socket in
         // `conn`); `event` is a live struct the kernel only reads.
-        let added = unsafe {
+        let done = unsafe {
             libc::epoll_ctl(
                 self.epoll.as_raw_fd(),
-                libc::EPOLL_CTL_ADD,
+                op,
                 conn.stream.as_raw_fd(),
                 &mut event,
             )
         };
-        if added != 0 {
-            self.close(conn.id);
-        }
+        done == 0
     }
 
-    /// Takes a parked connection that became readable out of the poller's set and gives it to
-    /// a worker.
+    /// A parked connection became readable: reads what arrived of its next header and, once
+    /// the header is whole, takes it out of the poller's set and gives it to a worker.
     fn wake(self: &Arc<Self>, id: u64) {
         let conn = {
-            let mut table = self.table.lock();
-            match table.entries.get_mut(&id) {
-                Some(entry) if entry.parked => {
-                    entry.parked = false;
-                    Arc::clone(&entry.conn)
-                }
+            let table = self.table.lock();
+            match table.entries.get(&id) {
+                Some(entry) if entry.parked => Arc::clone(&entry.conn),
                 _ => return,
             }
         };
+        match conn.read_header(self.now_ns()) {
+            HeaderRead::Closed => {
+                self.close(id);
+                return;
+            }
+            HeaderRead::Partial => {
+                // Wait for the rest here, not on a worker; the sweep enforces the I/O timeout.
+                if !self.arm(&conn, libc::EPOLL_CTL_MOD) {
+                    self.close(id);
+                }
+                return;
+            }
+            HeaderRead::Complete => {}
+        }
+        {
+            let mut table = self.table.lock();
+            match table.entries.get_mut(&id) {
+                Some(entry) if entry.parked => entry.parked = false,
+                _ => return, // evicted meanwhile
+            }
+        }
         // SAFETY: as in `park`; DEL ignores the event argument.
         unsafe {
             libc::epoll_ctl(
@@ -431,25 +540,35 @@ impl Shared {
         }
     }
 
-    /// Closes every parked connection idle past the idle timeout.
+    /// Closes every parked connection idle past the idle timeout, or holding part of a header
+    /// for longer than the I/O timeout.
     fn close_idle(&self) {
         let now = self.now_ns();
-        let limit = self.limits.idle_timeout.as_nanos() as u64;
+        let idle_limit = self.limits.idle_timeout.as_nanos() as u64;
+        let header_limit = self.limits.io_timeout.as_nanos() as u64;
         let mut table = self.table.lock();
-        let expired: Vec<u64> = table
-            .entries
-            .values()
-            .filter(|entry| {
-                entry.parked
-                    && now.saturating_sub(entry.conn.last_active_ns.load(Ordering::Relaxed))
-                        >= limit
-            })
-            .map(|entry| entry.conn.id)
-            .collect();
-        for id in expired {
+        let mut expired = Vec::new();
+        for entry in table.entries.values().filter(|entry| entry.parked) {
+            let conn = &entry.conn;
+            let header = conn.header.lock();
+            if header.len > 0 {
+                if now.saturating_sub(header.since_ns) >= header_limit {
+                    expired.push((conn.id, true));
+                }
+            } else if now.saturating_sub(conn.last_active_ns.load(Ordering::Relaxed)) >= idle_limit
+            {
+                expired.push((conn.id, false));
+            }
+        }
+        for (id, stalled) in expired {
             if let Some(entry) = table.remove(id) {
                 let _ = entry.conn.stream.shutdown(std::net::Shutdown::Both);
-                self.stats.idle_timeouts.fetch_add(1, Ordering::Relaxed);
+                let counter = if stalled {
+                    &self.stats.stalled_headers
+                } else {
+                    &self.stats.idle_timeouts
+                };
+                counter.fetch_add(1, Ordering::Relaxed);
             }
         }
     }
@@ -558,27 +677,38 @@ fn serve_connection(conn: &Conn, shared: &Shared) -> bool {
     let io_timeout = shared.limits.io_timeout;
     loop {
         let mut raw = [0u8; HEADER_BYTES];
-        // Quiet between requests: park; once a header started, the whole request must arrive
-        // within the I/O timeout.
-        let mut started: Option<Instant> = None;
-        let quiet = std::cell::Cell::new(false);
-        let wait_header = |done: usize| {
-            if stop.load(Ordering::Relaxed) {
-                return Err(IoFail::Stopped);
+        // The poller hands over a whole header; after a request, the next one may come within
+        // `PARK_AFTER`. Whatever is still missing after that silence waits parked, in the poller,
+        // so a worker never waits for a header.
+        let mut have = conn.take_header(&mut raw);
+        if have < HEADER_BYTES {
+            let quiet = std::cell::Cell::new(false);
+            let got = std::cell::Cell::new(0usize);
+            let wait_header = |done: usize| {
+                got.set(done);
+                if !stop.load(Ordering::Relaxed) {
+                    quiet.set(true);
+                }
+                Err(IoFail::Stopped)
+            };
+            // SAFETY: `raw` is a local array of HEADER_BYTES bytes and have < HEADER_BYTES.
+            let received = unsafe {
+                recv_exact(
+                    fd,
+                    raw.as_mut_ptr().add(have),
+                    HEADER_BYTES - have,
+                    wait_header,
+                )
+            };
+            if received.is_err() {
+                if quiet.get() {
+                    have += got.get();
+                    if have > 0 {
+                        conn.stash_header(&raw[..have], shared.now_ns());
+                    }
+                }
+                return quiet.get();
             }
-            if done == 0 {
-                quiet.set(true);
-                return Err(IoFail::Stopped);
-            }
-            let begun = *started.get_or_insert_with(Instant::now);
-            if begun.elapsed() > io_timeout {
-                return Err(IoFail::Timeout);
-            }
-            Ok(())
-        };
-        // SAFETY: `raw` is a local array of HEADER_BYTES bytes.
-        if unsafe { recv_exact(fd, raw.as_mut_ptr(), HEADER_BYTES, wait_header) }.is_err() {
-            return quiet.get();
         }
         let request = match Header::decode(&raw) {
             Ok(h) if h.kind.is_request() => h,
