@@ -11,6 +11,9 @@
 //! and refuses the newcomer only when neither exists. An idle flood of strangers therefore never
 //! locks out a client: each new client pushes out a stranger. The evicted connection is told why
 //! (an error frame) and closed by its own task; its slot leaves the table at once.
+//!
+//! The table also picks which stalled large frame to shed for a frame waiting for budget
+//! (`shed_stalled_holder`).
 
 use parking_lot::Mutex;
 use std::collections::HashMap;
@@ -18,7 +21,9 @@ use std::net::IpAddr;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use tokio::sync::Notify;
+use tokio::sync::{oneshot, Notify};
+
+use crate::budget::BudgetShare;
 
 /// `Slot::holding_since_ns` of a connection that holds no request-buffer budget.
 pub(crate) const NOT_HOLDING: u64 = u64::MAX;
@@ -49,6 +54,8 @@ pub(crate) struct Slot {
     pub(crate) partial: AtomicBool,
     /// When the frame holding request-buffer budget started to arrive (`NOT_HOLDING` if none).
     pub(crate) holding_since_ns: AtomicU64,
+    /// Set when another frame shed this one: where to hand its budget share.
+    pub(crate) handoff: Mutex<Option<oneshot::Sender<BudgetShare>>>,
     kick_reason: AtomicU8,
     kick: Notify,
 }
@@ -168,6 +175,7 @@ impl Admission {
             last_read_ns: AtomicU64::new(now),
             partial: AtomicBool::new(false),
             holding_since_ns: AtomicU64::new(NOT_HOLDING),
+            handoff: Mutex::new(None),
             kick_reason: AtomicU8::new(Kick::None as u8),
             kick: Notify::new(),
         });
@@ -220,26 +228,36 @@ impl Admission {
         self.table.lock().remove(id);
     }
 
-    /// Tells the connection whose budget-holding frame started longest ago, and before
-    /// `started_before_ns`, to give up its frame. Returns whether one was told.
-    pub(crate) fn shed_oldest_holder(&self, started_before_ns: u64, except: u64) -> bool {
+    /// Sheds, for `waiter`'s frame (which started at `started_ns`), the budget-holding frame
+    /// that has been stalled longest, provided it started earlier, has received nothing for at
+    /// least `stalled_ns`, and comes from another address (frames of one address never shed
+    /// each other, so a flood from one address cannot churn through the budget). The shed
+    /// connection is told to close and hands its share to the returned receiver.
+    pub(crate) fn shed_stalled_holder(
+        &self,
+        waiter: &Slot,
+        started_ns: u64,
+        stalled_ns: u64,
+    ) -> Option<oneshot::Receiver<BudgetShare>> {
+        let now = self.now_ns();
         let table = self.table.lock();
-        let oldest = table
+        let victim = table
             .slots
             .values()
-            .filter(|slot| slot.id != except)
-            .map(|slot| (slot.holding_since_ns.load(Ordering::Acquire), slot))
-            .filter(|(since, _)| *since < started_before_ns)
-            .min_by_key(|(since, _)| *since);
-        match oldest {
-            Some((_, slot)) => {
-                // Not picked again while it lets go of its budget.
-                slot.holding_since_ns.store(NOT_HOLDING, Ordering::Release);
-                slot.kick(Kick::Shed);
-                true
-            }
-            None => false,
-        }
+            .filter(|slot| slot.id != waiter.id && slot.ip != waiter.ip)
+            .filter(|slot| slot.holding_since_ns.load(Ordering::Acquire) < started_ns)
+            .map(|slot| (slot.last_read_ns.load(Ordering::Relaxed), slot))
+            .filter(|(last, _)| now.saturating_sub(*last) >= stalled_ns)
+            .min_by_key(|(last, _)| *last)
+            .map(|(_, slot)| slot)?;
+        let (tx, rx) = oneshot::channel();
+        *victim.handoff.lock() = Some(tx);
+        // Not picked again while it lets go of its budget.
+        victim
+            .holding_since_ns
+            .store(NOT_HOLDING, Ordering::Release);
+        victim.kick(Kick::Shed);
+        Some(rx)
     }
 
     /// Open connections.
@@ -321,16 +339,31 @@ mod tests {
     }
 
     #[test]
-    fn shedding_picks_the_oldest_holder_that_started_before_the_waiter() {
+    fn shedding_picks_the_longest_stalled_earlier_holder_of_another_address() {
         let table = Admission::new(10, 10, Duration::from_secs(1));
-        let (a, _) = admitted(table.admit(ip(1)));
-        let (b, _) = admitted(table.admit(ip(1)));
+        let (a, _) = admitted(table.admit(ip(2)));
+        let (b, _) = admitted(table.admit(ip(2)));
+        let (same, _) = admitted(table.admit(ip(1)));
         let (waiter, _) = admitted(table.admit(ip(1)));
-        a.holding_since_ns.store(50, Ordering::Release);
-        b.holding_since_ns.store(20, Ordering::Release);
-        assert!(!table.shed_oldest_holder(10, waiter.id));
-        assert!(table.shed_oldest_holder(100, waiter.id));
+        for (slot, since, last) in [(&a, 50, 60), (&b, 20, 70), (&same, 10, 0)] {
+            slot.holding_since_ns.store(since, Ordering::Release);
+            slot.last_read_ns.store(last, Ordering::Relaxed);
+        }
+        // Nothing started before 10; nothing has been stalled for an hour.
+        assert!(table.shed_stalled_holder(&waiter, 10, 0).is_none());
+        assert!(table
+            .shed_stalled_holder(&waiter, 100, 3_600_000_000_000)
+            .is_none());
+        // `same` is stalled longest but shares the waiter's address: a (stalled since 60) goes.
+        let handoff = table.shed_stalled_holder(&waiter, 100, 0);
+        assert!(handoff.is_some());
+        assert_eq!(a.kick_reason.load(Ordering::Acquire), Kick::Shed as u8);
+        assert!(a.handoff.lock().is_some());
+        assert_eq!(b.kick_reason.load(Ordering::Acquire), Kick::None as u8);
+        assert_eq!(same.kick_reason.load(Ordering::Acquire), Kick::None as u8);
+        // a is no longer a candidate; b is next.
+        assert!(table.shed_stalled_holder(&waiter, 100, 0).is_some());
         assert_eq!(b.kick_reason.load(Ordering::Acquire), Kick::Shed as u8);
-        assert_eq!(a.kick_reason.load(Ordering::Acquire), Kick::None as u8);
+        assert!(table.shed_stalled_holder(&waiter, 100, 0).is_none());
     }
 }

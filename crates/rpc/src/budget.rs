@@ -26,10 +26,30 @@ pub(crate) struct RequestBudget {
     permits: Arc<Semaphore>,
 }
 
-/// A share of the budget, returned when dropped.
+/// A share of the budget, returned when dropped (or handed to another frame, see `server.rs`).
 #[derive(Debug)]
 pub(crate) struct BudgetShare {
-    _permit: OwnedSemaphorePermit,
+    permit: OwnedSemaphorePermit,
+}
+
+impl BudgetShare {
+    /// Budget units held.
+    pub(crate) fn units(&self) -> usize {
+        self.permit.num_permits()
+    }
+
+    /// Adds `other` to this share.
+    pub(crate) fn merge(&mut self, other: BudgetShare) {
+        self.permit.merge(other.permit);
+    }
+
+    /// Gives back whatever exceeds `units`.
+    pub(crate) fn trim_to(&mut self, units: usize) {
+        let excess = self.units().saturating_sub(units);
+        if excess > 0 {
+            drop(self.permit.split(excess));
+        }
+    }
 }
 
 impl RequestBudget {
@@ -41,25 +61,25 @@ impl RequestBudget {
         }
     }
 
-    fn units(bytes: usize) -> u32 {
-        u32::try_from(bytes.div_ceil(UNIT_BYTES)).unwrap_or(u32::MAX)
+    /// Budget units a frame of `bytes` needs.
+    pub(crate) fn units(bytes: usize) -> usize {
+        bytes.div_ceil(UNIT_BYTES)
     }
 
-    /// Takes `bytes` now if the budget has them.
-    pub(crate) fn try_take(&self, bytes: usize) -> Option<BudgetShare> {
+    /// Takes `units` now if the budget has them.
+    pub(crate) fn try_take(&self, units: usize) -> Option<BudgetShare> {
+        let units = u32::try_from(units).ok()?;
         Arc::clone(&self.permits)
-            .try_acquire_many_owned(Self::units(bytes))
+            .try_acquire_many_owned(units)
             .ok()
-            .map(|permit| BudgetShare { _permit: permit })
+            .map(|permit| BudgetShare { permit })
     }
 
-    /// Waits for `bytes` (first come, first served).
-    pub(crate) async fn take(&self, bytes: usize) -> BudgetShare {
-        match Arc::clone(&self.permits)
-            .acquire_many_owned(Self::units(bytes))
-            .await
-        {
-            Ok(permit) => BudgetShare { _permit: permit },
+    /// Waits for `units` (first come, first served).
+    pub(crate) async fn take(self, units: usize) -> BudgetShare {
+        let units = u32::try_from(units).unwrap_or(u32::MAX);
+        match self.permits.acquire_many_owned(units).await {
+            Ok(permit) => BudgetShare { permit },
             // The semaphore is never closed.
             Err(_) => std::future::pending().await,
         }
@@ -207,13 +227,18 @@ mod tests {
 
     #[test]
     fn the_budget_is_shared_and_returned_on_drop() {
+        let units = RequestBudget::units;
         let budget = RequestBudget::new(4 << 20, 1 << 20);
-        let a = budget.try_take(3 << 20).unwrap();
-        assert!(budget.try_take(2 << 20).is_none());
-        let b = budget.try_take(1 << 20).unwrap();
+        let mut a = budget.try_take(units(3 << 20)).unwrap();
+        assert!(budget.try_take(units(2 << 20)).is_none());
+        let b = budget.try_take(units(1 << 20)).unwrap();
         assert_eq!(budget.available_bytes(), 0);
+        // A share handed over and trimmed gives back exactly the excess.
+        a.merge(b);
+        assert_eq!(a.units(), units(4 << 20));
+        a.trim_to(units(3 << 20));
+        assert_eq!(budget.available_bytes(), 1 << 20);
         drop(a);
-        drop(b);
         assert_eq!(budget.available_bytes(), 4 << 20);
         // Never smaller than one frame.
         assert_eq!(RequestBudget::new(0, 1 << 20).available_bytes(), 1 << 20);

@@ -36,7 +36,7 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::admission::{Admission, Admit, Kick, Slot, NOT_HOLDING};
-use crate::budget::{FrameBuf, RequestBudget, SMALL_FRAME_BYTES};
+use crate::budget::{BudgetShare, FrameBuf, RequestBudget, SMALL_FRAME_BYTES};
 
 /// A protocol-level failure of one request (unknown method, undecodable body): answered with an
 /// error frame; the connection stays open.
@@ -824,26 +824,17 @@ impl<'a, H: Handler> Connection<'a, H> {
             .now_ns()
             .saturating_sub(started.elapsed().as_nanos() as u64);
         let deadline = started + self.config().allowance(total);
-        let share = match shared.budget.try_take(total) {
+        let need = RequestBudget::units(total);
+        let share = match shared.budget.try_take(need) {
             Some(share) => share,
             None => {
                 stats.budget_waits.fetch_add(1, Ordering::Relaxed);
-                let take = shared.budget.take(total);
-                tokio::pin!(take);
-                let mut shed_at = Instant::now() + self.config().shed_after;
-                loop {
-                    tokio::select! {
-                        share = &mut take => break share,
-                        _ = tokio::time::sleep_until(deadline.into()) => {
-                            return Ok(Err(self.expired(Deadline::Frame)));
-                        }
-                        _ = tokio::time::sleep_until(shed_at.into()) => {
-                            shared.admission.shed_oldest_holder(started_ns, self.slot.id);
-                            shed_at += self.config().shed_after;
-                        }
-                        kick = self.slot.kicked() => return Ok(Err(self.kicked(kick))),
-                        _ = shutdown.changed() => return Ok(Err(End::Quiet)),
-                    }
+                match self
+                    .wait_for_budget(need, started_ns, deadline, shutdown)
+                    .await
+                {
+                    Ok(share) => share,
+                    Err(end) => return Ok(Err(end)),
                 }
             }
         };
@@ -897,10 +888,100 @@ impl<'a, H: Handler> Connection<'a, H> {
         self.slot
             .holding_since_ns
             .store(NOT_HOLDING, Ordering::Release);
-        drop(share);
+        // Shed by a waiting frame: the share goes to it (the buffer is already freed).
+        match self.slot.handoff.lock().take() {
+            Some(waiter) => {
+                let _ = waiter.send(share);
+            }
+            None => drop(share),
+        }
         self.partial_since = None;
         self.slot.partial.store(false, Ordering::Relaxed);
         outcome
+    }
+}
+
+impl<H: Handler> Connection<'_, H> {
+    /// Waits until the budget has `need` units for the frame that started at `started_ns`
+    /// (FIFO), shedding a stalled frame of another address after each `shed_after` of waiting
+    /// and taking over its share.
+    async fn wait_for_budget(
+        &self,
+        need: usize,
+        started_ns: u64,
+        deadline: Instant,
+        shutdown: &mut watch::Receiver<bool>,
+    ) -> Result<BudgetShare, End> {
+        let shared = self.shared;
+        let shed_after = self.config().shed_after;
+        let stalled_ns = shed_after.as_nanos().min(u64::MAX as u128) as u64;
+        let mut held: Option<BudgetShare> = None;
+        let mut take = Box::pin(shared.budget.clone().take(need));
+        let mut handoff: Option<tokio::sync::oneshot::Receiver<BudgetShare>> = None;
+        let mut shed_at = Instant::now() + shed_after;
+        loop {
+            enum Event {
+                Share(BudgetShare),
+                Handoff(Option<BudgetShare>),
+                Deadline,
+                Shed,
+                Kicked(Kick),
+                Shutdown,
+            }
+            let event = tokio::select! {
+                share = &mut take => Event::Share(share),
+                got = async {
+                    match handoff.as_mut() {
+                        Some(rx) => rx.await.ok(),
+                        None => std::future::pending().await,
+                    }
+                } => Event::Handoff(got),
+                _ = tokio::time::sleep_until(deadline.into()) => Event::Deadline,
+                _ = tokio::time::sleep_until(shed_at.into()) => Event::Shed,
+                kick = self.slot.kicked() => Event::Kicked(kick),
+                _ = shutdown.changed() => Event::Shutdown,
+            };
+            let got = match event {
+                Event::Share(share) => share,
+                Event::Handoff(got) => {
+                    handoff = None;
+                    match got {
+                        Some(share) => share,
+                        // The shed frame ended without handing over (it completed meanwhile).
+                        None => continue,
+                    }
+                }
+                Event::Deadline => return Err(self.expired(Deadline::Frame)),
+                Event::Shed => {
+                    if handoff.is_none() {
+                        handoff = shared
+                            .admission
+                            .shed_stalled_holder(self.slot, started_ns, stalled_ns);
+                    }
+                    shed_at = Instant::now() + shed_after;
+                    continue;
+                }
+                Event::Kicked(kick) => return Err(self.kicked(kick)),
+                Event::Shutdown => return Err(End::Quiet),
+            };
+            let mut share = match held.take() {
+                Some(mut share) => {
+                    share.merge(got);
+                    share
+                }
+                None => got,
+            };
+            let have = share.units();
+            if have >= need {
+                // Dropping the pending wait gives back whatever it had been granted.
+                drop(take);
+                share.trim_to(need);
+                return Ok(share);
+            }
+            held = Some(share);
+            // A handed-over share covered part of it: wait for the rest only.
+            take = Box::pin(shared.budget.clone().take(need - have));
+        }
     }
 }
 
