@@ -15,7 +15,7 @@ use tokio::task::JoinSet;
 use crate::config::{MasterConfig, ResolvedConfig};
 use crate::http::{admin_router, metadata_router, AdminState, MetadataStore};
 use crate::metrics::{RpcMetrics, WorkerMetrics};
-use crate::service::MasterRpc;
+use crate::rpc_dispatch::MasterRpc;
 
 /// Why a master could not start.
 #[derive(Debug, Error)]

@@ -13,7 +13,7 @@ use std::process::{Child, Command, Stdio};
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
-use super::pingpong::{self, Latency};
+use crate::pingpong::{self, Latency};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
