@@ -10,6 +10,7 @@ pub mod codec;
 pub mod frame;
 pub mod limits;
 pub mod methods;
+pub mod sizes;
 
 pub use codec::{decode, encode, encode_into, CodecError};
 pub use frame::{
@@ -18,3 +19,4 @@ pub use frame::{
 };
 pub use limits::Limits;
 pub use methods::{method_name, Method, Reply, METHODS};
+pub use sizes::max_request_frame_bytes;

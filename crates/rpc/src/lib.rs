@@ -3,13 +3,17 @@
 //! flight per connection, answers batched into few writes), and a client connection that
 //! multiplexes concurrent calls by request id, with per-call timeouts and reconnection.
 //!
-//! Owns: sockets, connection limits, shutdown, busy-polling. Must never: interpret request bodies
-//! (that is the handler's job), panic on what a peer sends, or buffer more than one frame limit
-//! per connection because a peer asked it to.
+//! Owns: sockets, connection limits (total, per address, eviction of unidentified connections),
+//! timeouts (handshake, frame, idle), the budget of buffered request bytes, shutdown,
+//! busy-polling. Must never: interpret request bodies (that is the handler's job), panic on what
+//! a peer sends, or buffer more than its budget because peers asked it to.
 
+mod admission;
+mod budget;
 pub mod client;
 pub mod server;
 
+pub use budget::{MAPPED_FRAME_BYTES, SMALL_FRAME_BYTES};
 pub use client::{ClientConfig, RpcClient, RpcError};
 pub use server::{Handler, HandlerError, RpcServer, ServerConfig, ServerStats};
 

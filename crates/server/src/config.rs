@@ -57,7 +57,9 @@ pub struct MasterConfig {
     /// Deprecated alias of `rpc_thread_num`.
     #[arg(long, default_value_t = 0)]
     pub max_threads: usize,
-    /// Close RPC connections idle for this many seconds (0 = never).
+    /// Close an RPC connection that made a valid request and then sent nothing for this many
+    /// seconds (0 = never, upstream's default). Connections that never made one are covered by
+    /// `rpc_handshake_timeout_seconds`.
     #[arg(long, default_value_t = 0)]
     pub rpc_conn_timeout_seconds: u64,
     /// TCP_NODELAY on RPC connections.
@@ -69,6 +71,26 @@ pub struct MasterConfig {
     /// Opt-in low-latency mode: spin on sockets this many microseconds before parking (0 = off).
     #[arg(long, default_value_t = 0)]
     pub busy_poll_us: u64,
+
+    // Limits against idle, slow and hostile peers (ours; docs/security.md).
+    /// Close an RPC connection that has not completed a valid request this many seconds after
+    /// connecting (0 = never). When the server is full, such connections make room first.
+    #[arg(long, default_value_t = 10)]
+    pub rpc_handshake_timeout_seconds: u64,
+    /// RPC connections served at once from one IP address.
+    #[arg(long, default_value_t = 256)]
+    pub rpc_max_connections_per_address: usize,
+    /// Seconds every request frame (and every write of answers) may take once started, on top
+    /// of its length at `rpc_min_request_bytes_per_second`.
+    #[arg(long, default_value_t = 10)]
+    pub rpc_frame_timeout_seconds: u64,
+    /// Slowest rate a request frame may arrive at (and answers may leave at) once started.
+    #[arg(long, default_value_t = 1 << 20)]
+    pub rpc_min_request_bytes_per_second: u64,
+    /// Bytes of request frames over 64 KiB that all RPC connections together may hold; over it
+    /// the server stops reading them and sheds the oldest. At least the 16 MiB frame limit.
+    #[arg(long, default_value_t = 256 << 20)]
+    pub rpc_max_buffered_request_bytes: u64,
 
     /// Periodic metric log lines.
     #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
@@ -318,6 +340,7 @@ impl MasterConfig {
         if self.rpc_max_connections == 0 {
             return Err(invalid("rpc_max_connections", "must be at least 1".into()));
         }
+        self.validate_connection_limits()?;
         let ip = |flag: &'static str, text: &str| {
             text.parse::<IpAddr>()
                 .map_err(|_| invalid(flag, format!("{text:?} is not an IP address")))
@@ -351,6 +374,42 @@ impl MasterConfig {
             default_kv_soft_pin_ttl_ms,
             max_kv_soft_pin_ttl_ms,
         })
+    }
+}
+
+impl MasterConfig {
+    /// The limits against idle, slow and hostile peers.
+    fn validate_connection_limits(&self) -> Result<(), ConfigError> {
+        let invalid = |flag: &'static str, message: String| ConfigError::Invalid { flag, message };
+        if self.rpc_max_connections_per_address == 0 {
+            return Err(invalid(
+                "rpc_max_connections_per_address",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.rpc_frame_timeout_seconds == 0 {
+            return Err(invalid(
+                "rpc_frame_timeout_seconds",
+                "must be at least 1 second".into(),
+            ));
+        }
+        if self.rpc_min_request_bytes_per_second == 0 {
+            return Err(invalid(
+                "rpc_min_request_bytes_per_second",
+                "must be at least 1".into(),
+            ));
+        }
+        let frame_limit = mooncake_proto::DEFAULT_MAX_FRAME_BYTES as u64;
+        if self.rpc_max_buffered_request_bytes < frame_limit {
+            return Err(invalid(
+                "rpc_max_buffered_request_bytes",
+                format!(
+                    "{} is below the {frame_limit}-byte frame limit (one frame must fit)",
+                    self.rpc_max_buffered_request_bytes
+                ),
+            ));
+        }
+        Ok(())
     }
 }
 
@@ -464,6 +523,44 @@ mod tests {
             load(&["--rpc_port=70000"]),
             Err(ConfigError::Flags(_))
         ));
+    }
+
+    #[test]
+    fn connection_limits_have_their_documented_defaults_and_are_checked() {
+        let (config, _) = load(&[]).unwrap();
+        assert_eq!(config.rpc_conn_timeout_seconds, 0);
+        assert_eq!(config.rpc_handshake_timeout_seconds, 10);
+        assert_eq!(config.rpc_max_connections, 1024);
+        assert_eq!(config.rpc_max_connections_per_address, 256);
+        assert_eq!(config.rpc_frame_timeout_seconds, 10);
+        assert_eq!(config.rpc_min_request_bytes_per_second, 1 << 20);
+        assert_eq!(config.rpc_max_buffered_request_bytes, 256 << 20);
+        let (config, _) = load(&[
+            "--rpc-handshake-timeout-seconds=0",
+            "--rpc_conn_timeout_seconds=30",
+        ])
+        .unwrap();
+        assert_eq!(config.rpc_handshake_timeout_seconds, 0);
+        assert_eq!(config.rpc_conn_timeout_seconds, 30);
+        let cases: &[(&str, &str)] = &[
+            (
+                "--rpc_max_connections_per_address=0",
+                "rpc_max_connections_per_address",
+            ),
+            ("--rpc_frame_timeout_seconds=0", "rpc_frame_timeout_seconds"),
+            (
+                "--rpc_min_request_bytes_per_second=0",
+                "rpc_min_request_bytes_per_second",
+            ),
+            (
+                "--rpc_max_buffered_request_bytes=1048576",
+                "rpc_max_buffered_request_bytes",
+            ),
+        ];
+        for (arg, flag) in cases {
+            let err = load(&[arg]).unwrap_err();
+            assert!(err.to_string().contains(flag), "{arg} gave {err}");
+        }
     }
 
     #[test]

@@ -171,6 +171,46 @@ async fn metrics(State(state): State<AdminState>) -> Response {
             "Malformed frames received",
             stats.frame_errors.load(Relaxed),
         );
+        // The limits against idle, slow and hostile peers (docs/security.md).
+        for (name, help, value) in [
+            (
+                "master_rpc_connections_evicted_total",
+                "RPC connections closed to make room for a new one",
+                &stats.connections_evicted,
+            ),
+            (
+                "master_rpc_handshake_timeouts_total",
+                "RPC connections closed for making no valid request in time",
+                &stats.handshake_timeouts,
+            ),
+            (
+                "master_rpc_idle_timeouts_total",
+                "Identified RPC connections closed by the idle timeout",
+                &stats.idle_timeouts,
+            ),
+            (
+                "master_rpc_frame_timeouts_total",
+                "RPC connections closed for a frame or a write of answers taking too long",
+                &stats.frame_timeouts,
+            ),
+            (
+                "master_rpc_oversized_requests_total",
+                "Request frames refused from their header (over their method's limit)",
+                &stats.oversized_requests,
+            ),
+            (
+                "master_rpc_budget_waits_total",
+                "Large request frames that waited for the shared buffer budget",
+                &stats.budget_waits,
+            ),
+            (
+                "master_rpc_frames_shed_total",
+                "Partial large frames dropped to give their budget to an older wait",
+                &stats.frames_shed,
+            ),
+        ] {
+            crate::metrics::counter(&mut out, name, help, value.load(Relaxed));
+        }
     }
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
 }

@@ -58,6 +58,24 @@ pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterSe
     }
 }
 
+/// The RPC server's limits from the process configuration.
+pub fn rpc_server_config(config: &MasterConfig) -> ServerConfig {
+    let seconds = |s: u64| (s > 0).then(|| Duration::from_secs(s));
+    ServerConfig {
+        max_connections: config.rpc_max_connections,
+        max_connections_per_address: config.rpc_max_connections_per_address,
+        max_request_frame_bytes: Some(mooncake_proto::max_request_frame_bytes),
+        busy_poll: (config.busy_poll_us > 0).then(|| Duration::from_micros(config.busy_poll_us)),
+        idle_timeout: seconds(config.rpc_conn_timeout_seconds),
+        handshake_timeout: seconds(config.rpc_handshake_timeout_seconds),
+        frame_timeout: Duration::from_secs(config.rpc_frame_timeout_seconds),
+        min_request_bytes_per_sec: config.rpc_min_request_bytes_per_second,
+        max_buffered_request_bytes: usize::try_from(config.rpc_max_buffered_request_bytes)
+            .unwrap_or(usize::MAX),
+        ..ServerConfig::default()
+    }
+}
+
 /// A running master. Stop it with [`RunningMaster::shutdown`].
 #[derive(Debug)]
 pub struct RunningMaster {
@@ -109,14 +127,7 @@ impl RunningMaster {
         }
         let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
         let metrics = Arc::new(RpcMetrics::default());
-        let rpc_config = ServerConfig {
-            max_connections: config.rpc_max_connections,
-            busy_poll: (config.busy_poll_us > 0)
-                .then(|| Duration::from_micros(config.busy_poll_us)),
-            idle_timeout: (config.rpc_conn_timeout_seconds > 0)
-                .then(|| Duration::from_secs(config.rpc_conn_timeout_seconds)),
-            ..ServerConfig::default()
-        };
+        let rpc_config = rpc_server_config(config);
         let handler = Arc::new(MasterRpc::new(
             master.clone(),
             metrics.clone(),

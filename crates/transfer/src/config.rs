@@ -101,6 +101,17 @@ pub struct TransferConfig {
     pub idle_connection_ms: u64,
     /// Entries in one batch. Default 65 536.
     pub max_batch_entries: usize,
+
+    // Limits of the TCP data server against idle and hostile peers (docs/security.md).
+    /// Serving side: connections accepted from one IP address. Default 256 (a requester opens
+    /// at most `connections_per_peer` ≤ 64 per engine). Over it, or over
+    /// `max_server_connections`, a new connection closes an idle one that never sent a valid
+    /// request, and is refused only when there is none.
+    pub max_server_connections_per_peer: usize,
+    /// Serving side: a connection with no request in progress for this long is closed. Default
+    /// 120 s, above `idle_connection_ms` (60 s) so that a healthy requester closes its idle
+    /// connections first. Idle connections hold no thread.
+    pub server_idle_timeout_ms: u64,
 }
 
 impl Default for TransferConfig {
@@ -129,6 +140,8 @@ impl Default for TransferConfig {
             unregister_timeout_ms: 10_000,
             idle_connection_ms: 60_000,
             max_batch_entries: 65_536,
+            max_server_connections_per_peer: 256,
+            server_idle_timeout_ms: 120_000,
         }
     }
 }
@@ -172,6 +185,7 @@ impl TransferConfig {
             ("connect_timeout_ms", self.connect_timeout_ms),
             ("server_io_timeout_ms", self.server_io_timeout_ms),
             ("idle_connection_ms", self.idle_connection_ms),
+            ("server_idle_timeout_ms", self.server_idle_timeout_ms),
         ] {
             if value == 0 || value > 24 * 3600 * 1000 {
                 return bad(format!("{name} {value} not in 1..=86400000"));
@@ -179,6 +193,9 @@ impl TransferConfig {
         }
         if self.max_server_connections == 0 || self.max_batch_entries == 0 {
             return bad("max_server_connections and max_batch_entries must be > 0".into());
+        }
+        if self.max_server_connections_per_peer == 0 {
+            return bad("max_server_connections_per_peer must be > 0".into());
         }
         if self.shm_socket_mode & !0o777 != 0 {
             return bad(format!(

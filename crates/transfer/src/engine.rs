@@ -19,7 +19,7 @@ use crate::memory::Mapping;
 use crate::registry::{Region, RegionKind, Registry};
 use crate::shm::{self, PeerMapping, ShmServer};
 use crate::tcp::client::{PoolConfig, TcpPeer};
-use crate::tcp::server::{ServerStats, TcpServer};
+use crate::tcp::server::{ServerLimits, ServerStats, TcpServer};
 
 /// Above this many peer pools, pools without connections or work are dropped.
 const MAX_IDLE_PEERS: usize = 1024;
@@ -184,8 +184,12 @@ impl TransferEngine {
         let tcp_server = TcpServer::start(
             config.tcp_bind_addr,
             Arc::clone(&registry),
-            config.max_server_connections,
-            Duration::from_millis(config.server_io_timeout_ms),
+            ServerLimits {
+                max_connections: config.max_server_connections,
+                max_connections_per_peer: config.max_server_connections_per_peer,
+                io_timeout: Duration::from_millis(config.server_io_timeout_ms),
+                idle_timeout: Duration::from_millis(config.server_idle_timeout_ms),
+            },
             Arc::clone(&server_stats),
         )?;
         let instance_id: u64 = rand::random::<u64>() | 1; // never 0
