@@ -450,7 +450,7 @@ impl Store {
         };
         let mut config = config;
         if let Some(us) = env_setting::<u64>(py, "MC_RS_BUSY_POLL_US", "microseconds") {
-            config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
+            config.rpc.set_busy_poll_us(us);
         }
         let outcome = py.allow_threads(move || {
             let runtime = tokio::runtime::Builder::new_multi_thread()

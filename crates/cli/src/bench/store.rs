@@ -65,7 +65,8 @@ pub struct Args {
     #[arg(long, default_value_t = 20_000)]
     pub pingpong_iterations: usize,
     /// The client's master connection polls its socket this long after each answer before
-    /// parking (0 = off; default: the client's default, 100 µs).
+    /// parking, on every call (0 = off; default: the client's default, 100 µs while the host
+    /// has a core to spare).
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
     /// Skip the CRC32C recorded at PutEnd and checked on every get (upstream has none).
@@ -762,7 +763,7 @@ fn client_config(
         ..StoreConfig::default()
     };
     if let Some(us) = busy_us {
-        config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
+        config.rpc.set_busy_poll_us(us);
     }
     copy.apply(&mut config.transfer);
     config
@@ -869,7 +870,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             Some(0) => "off".to_string(),
             Some(us) => format!("{us} us"),
             None => format!(
-                "{} us (default)",
+                "{} us (default: adaptive)",
                 mooncake_rpc::client::DEFAULT_BUSY_POLL.as_micros()
             ),
         },
