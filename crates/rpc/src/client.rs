@@ -891,14 +891,16 @@ async fn read_loop(
     }
 }
 
-/// How soon a reader waiting for a polling caller looks again at a connection whose end it saw
-/// (the caller reads that end itself; this only bounds the wait if it does not).
-const DEFER_RECHECK: Duration = Duration::from_millis(1);
+/// How soon a reader waiting for a polling caller looks again at a socket that holds data the
+/// caller has not read yet, or whose end it saw (the caller reads both itself; this only bounds
+/// the wait for data nobody waits for).
+const DEFER_RECHECK: Duration = Duration::from_millis(5);
 
 /// Waits while a caller polls the socket for its own answer (it reads everything meanwhile):
-/// until the flag clears or a call needs the reader. Readiness the caller's reads leave behind
-/// is consumed here, so the wait is for new data; the end of the connection cannot be, so then
-/// it looks again after `DEFER_RECHECK`.
+/// until the flag clears or a call needs the reader. The runtime's readiness, which the caller's
+/// own reads leave set, is forgotten once the socket is seen empty (so the wait is for new
+/// data; forgetting it with data unread would hide that data from the reader's own reads, which
+/// the runtime skips while it believes the socket empty).
 async fn defer_to_polling_caller(inbox: &Inbox, signal: &ReaderSignal) {
     let stream: &TcpStream = inbox.half.as_ref();
     // Marked before looking at the flag (both SeqCst), as a caller clears the flag before
@@ -906,18 +908,41 @@ async fn defer_to_polling_caller(inbox: &Inbox, signal: &ReaderSignal) {
     signal.deferring.store(true, Ordering::SeqCst);
     while inbox.caller_polling.load(Ordering::SeqCst) {
         tokio::select! {
-            ready = stream.ready(Interest::READABLE) => match ready {
-                Ok(ready) if !ready.is_read_closed() && !ready.is_error() => {
-                    let _ = stream.try_io(Interest::READABLE, || {
-                        Err::<(), _>(std::io::ErrorKind::WouldBlock.into())
-                    });
+            ready = stream.ready(Interest::READABLE) => {
+                let open = ready.is_ok_and(|r| !r.is_read_closed() && !r.is_error());
+                // `WouldBlock` (empty: readiness cleared) or the first byte's count.
+                let unread = open.then(|| stream.try_io(Interest::READABLE, || peek(stream)));
+                if !matches!(unread, Some(Err(ref e)) if e.kind() == std::io::ErrorKind::WouldBlock) {
+                    tokio::select! {
+                        _ = tokio::time::sleep(DEFER_RECHECK) => {}
+                        _ = signal.wake.notified() => {}
+                    }
                 }
-                _ => tokio::time::sleep(DEFER_RECHECK).await,
-            },
+            }
             _ = signal.wake.notified() => {}
         }
     }
     signal.deferring.store(false, Ordering::SeqCst);
+}
+
+/// Whether the socket holds data, without taking it: `Ok(1)` if so, `Ok(0)` at its end,
+/// `WouldBlock` when empty.
+fn peek(stream: &TcpStream) -> std::io::Result<usize> {
+    let mut byte = 0u8;
+    // SAFETY: the descriptor is open while `stream` lives, and recv writes at most one byte
+    // into `byte`.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
 }
 
 /// What polling the socket ended with.
