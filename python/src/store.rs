@@ -1051,6 +1051,22 @@ impl Store {
             .map_or(-1, |conn| conn.client.master_caller_reads() as i64)
     }
 
+    /// Diagnostics: how the calling threads' calls to the master waited, as a dict of
+    /// `caller_reads`, `spins` (calls that spun for their answer), `skipped_host_busy` and
+    /// `skipped_backing_off` (calls that did not: the host had no core to spare, or spinning
+    /// had just gone badly on the thread); None before setup.
+    fn _master_poll_stats(&self) -> Option<HashMap<&'static str, u64>> {
+        self.conn().map(|conn| {
+            let s = conn.client.master_poll_stats();
+            HashMap::from([
+                ("caller_reads", s.caller_reads),
+                ("spins", s.spins),
+                ("skipped_host_busy", s.skipped_host_busy),
+                ("skipped_backing_off", s.skipped_backing_off),
+            ])
+        })
+    }
+
     // ----- metadata ----------------------------------------------------------------------------
 
     /// 1 if the key is readable (and grants the read lease that protects it until it is read),

@@ -8,9 +8,9 @@
 //!
 //! * the host's load: how many other threads are runnable, on average (the kernel's count of
 //!   runnable threads in `/proc/loadavg`, read at most every [`HOST_SAMPLE_EVERY`] by one thread
-//!   of the process, smoothed, the reading thread left out), against the host's cores. A spinner
-//!   takes one core and leaves the others; it polls only while fewer than `cores - 1` other
-//!   threads want them, so one stays for whoever answers.
+//!   of the process, smoothed, the reading thread left out), against the cores the process may
+//!   use. A spinner takes one core and leaves the others; it polls only while fewer than
+//!   `cores - 1` other threads want them, so one stays for whoever answers.
 //! * how spinning went on this thread lately ([`Governor`]): a spin during which the thread lost
 //!   its core (a gap of [`DESCHEDULED_GAP`] between two looks at the socket) or whose budget ran
 //!   out without an answer is a strike. Strikes outweigh clean spins eight to one; enough debt
@@ -280,13 +280,18 @@ fn smooth(old: u64, sample: u64) -> u64 {
     }
 }
 
-/// The host's online cores (1 where unknown).
+/// The cores this process may use: the host's online cores, or fewer where its CPU affinity or
+/// cgroup quota allow fewer (`available_parallelism`); 1 where unknown. Compared with the
+/// host-wide runnable count this errs towards not spinning.
 fn host_cores() -> u32 {
     static CORES: OnceLock<u32> = OnceLock::new();
     *CORES.get_or_init(|| {
         // SAFETY: sysconf has no preconditions.
-        let n = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
-        u32::try_from(n).ok().filter(|&n| n > 0).unwrap_or(1)
+        let online = unsafe { libc::sysconf(libc::_SC_NPROCESSORS_ONLN) };
+        let online = u32::try_from(online).ok().filter(|&n| n > 0).unwrap_or(1);
+        let usable = std::thread::available_parallelism()
+            .map_or(online, |n| u32::try_from(n.get()).unwrap_or(u32::MAX));
+        online.min(usable)
     })
 }
 

@@ -347,10 +347,18 @@ fn a_sequential_caller_and_occasional_task_calls_share_a_connection() {
 fn no_answer_is_left_unread_when_the_reader_takes_over_from_a_caller() {
     let rt = Arc::new(Runtime::new().unwrap());
     let server = rt
-        .block_on(RpcServer::bind(loopback(), Arc::new(Echo), ServerConfig::default()))
+        .block_on(RpcServer::bind(
+            loopback(),
+            Arc::new(Echo),
+            ServerConfig::default(),
+        ))
         .unwrap();
     for policy in [PollPolicy::Always, BUSY] {
-        let client = Arc::new(new_client(server.local_addr(), policy, Duration::from_secs(5)));
+        let client = Arc::new(new_client(
+            server.local_addr(),
+            policy,
+            Duration::from_secs(5),
+        ));
         for round in 0..40u32 {
             // Past the window after the last overlap: the next call reads its own answer.
             std::thread::sleep(Duration::from_millis(55));
@@ -362,7 +370,11 @@ fn no_answer_is_left_unread_when_the_reader_takes_over_from_a_caller() {
             for i in 0..30u32 {
                 let body = (round * 100 + i).to_le_bytes();
                 let answer = rt.block_on(client.call(ECHO, &body));
-                assert_eq!(&answer.unwrap()[..], &body, "round {round} call {i} ({policy:?})");
+                assert_eq!(
+                    &answer.unwrap()[..],
+                    &body,
+                    "round {round} call {i} ({policy:?})"
+                );
             }
             rt.block_on(task).unwrap();
         }
