@@ -326,6 +326,7 @@ pub(crate) fn now_ns() -> u64 {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
     use super::*;
 
     const MS: u64 = 1_000_000;
