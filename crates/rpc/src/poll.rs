@@ -12,10 +12,12 @@
 //!   use. A spinner takes one core and leaves the others; it polls only while fewer than
 //!   `cores - 1` other threads want them, so one stays for whoever answers.
 //! * how spinning went on this thread lately ([`Governor`]): a spin during which the thread lost
-//!   its core (a gap of [`DESCHEDULED_GAP`] between two looks at the socket) or whose budget ran
-//!   out without an answer is a strike. Strikes outweigh clean spins eight to one; enough debt
-//!   makes the thread stop polling for a while, longer each time (1 ms doubling to 64 ms), and
-//!   a run of clean spins shortens the next pause again.
+//!   its core (a gap of [`DESCHEDULED_GAP`] between two looks at the socket) is a strike that
+//!   outweighs eight answered spins; a spin whose budget ran out without an answer outweighs two
+//!   (a responder that often needs longer than the budget makes spinning a waste; one that
+//!   sometimes does, as a woken idle core on a virtual machine, not). Enough debt makes the
+//!   thread stop polling for a while, longer each time (1 ms doubling to 64 ms), and a run of
+//!   spins that kept their core shortens the next pause again.
 //!
 //! Both are pure functions of their inputs ([`Governor::verdict`], [`Governor::record`],
 //! [`host_has_spare_core`]); the tests drive each condition. [`PollPolicy::Always`] skips the
@@ -79,14 +81,17 @@ pub struct Spin {
 /// between (a loop round is a non-blocking `recv`, a few µs; a preempted thread waits for a
 /// whole time slice of another, or at least that thread's run).
 pub const DESCHEDULED_GAP: Duration = Duration::from_micros(25);
-/// What a strike adds to the debt; a clean spin takes one off.
+/// What a spin that lost its core adds to the debt; an answered one takes one off.
 const STRIKE: u32 = 8;
-/// Debt at which the thread pauses polling (two strikes in a row, or one in nine spins and more).
+/// What a spin whose budget ran out adds (the debt grows while more than a third do).
+const EXPIRED: u32 = 2;
+/// Debt at which the thread pauses polling (two strikes in a row, or one in nine spins and more;
+/// eight expired spins in a row, or more than a third of them).
 const PAUSE_AT: u32 = 16;
 /// The first pause; each further one (before a run of clean spins) doubles, up to the last.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const MAX_PAUSE_LEVEL: u32 = 7;
-/// Clean spins in a row after which the next pause is one step shorter.
+/// Spins in a row that kept their core after which the next pause is one step shorter.
 const FORGIVE_AFTER: u32 = 32;
 
 /// One thread's record of how spinning went.
@@ -114,13 +119,16 @@ impl Governor {
 
     /// Takes note of a spin that ended at `now_ns`.
     pub fn record(&mut self, now_ns: u64, spin: Spin) {
-        let struck = !spin.answered || spin.longest_gap >= DESCHEDULED_GAP;
-        if struck {
+        if spin.longest_gap >= DESCHEDULED_GAP {
             self.debt += STRIKE;
             self.clean_run = 0;
         } else {
-            self.debt = self.debt.saturating_sub(1);
             self.clean_run += 1;
+            if spin.answered {
+                self.debt = self.debt.saturating_sub(1);
+            } else {
+                self.debt += EXPIRED;
+            }
         }
         if self.debt >= PAUSE_AT {
             let pause = FIRST_PAUSE * (1 << self.level);
@@ -391,17 +399,42 @@ mod tests {
 
     #[test]
     fn two_strikes_in_a_row_pause_for_a_millisecond_then_polling_resumes() {
-        for strike in [descheduled(), expired()] {
+        {
             let mut g = Governor::default();
-            g.record(10 * MS, strike);
+            g.record(10 * MS, descheduled());
             assert_eq!(g.verdict(10 * MS, None), Verdict::Poll, "one strike");
-            g.record(10 * MS, strike);
+            g.record(10 * MS, descheduled());
             assert_eq!(g.verdict(10 * MS, None), Verdict::BackingOff);
             assert_eq!(g.verdict(11 * MS - 1, None), Verdict::BackingOff);
             assert_eq!(g.verdict(11 * MS, None), Verdict::Poll);
             // A busy host wins over a pause that is over.
             assert_eq!(g.verdict(11 * MS, load(1.5, 2)), Verdict::HostBusy);
         }
+    }
+
+    #[test]
+    fn a_budget_that_keeps_running_out_pauses_and_one_that_sometimes_does_not() {
+        // Eight expired spins in a row: a pause.
+        let mut g = Governor::default();
+        for i in 0..7 {
+            g.record(i * MS, expired());
+            assert_eq!(g.verdict(i * MS, None), Verdict::Poll, "spin {i}");
+        }
+        g.record(7 * MS, expired());
+        assert_eq!(g.verdict(7 * MS, None), Verdict::BackingOff);
+        // One in four expired (a responder that sometimes wakes slowly): no pause, ever.
+        let mut g = Governor::default();
+        for i in 0..1000u64 {
+            g.record(i * MS, if i % 4 == 0 { expired() } else { clean() });
+            assert_eq!(g.verdict(i * MS, None), Verdict::Poll, "spin {i}");
+        }
+        // Half of them: pauses come.
+        let mut g = Governor::default();
+        let paused = (0..100u64).any(|i| {
+            g.record(i * MS, if i % 2 == 0 { expired() } else { clean() });
+            g.verdict(i * MS, None) == Verdict::BackingOff
+        });
+        assert!(paused);
     }
 
     #[test]
@@ -427,8 +460,8 @@ mod tests {
         let mut now = 0;
         let mut pauses = Vec::new();
         for _ in 0..10 {
-            g.record(now, expired());
-            g.record(now, expired());
+            g.record(now, descheduled());
+            g.record(now, descheduled());
             let started = now;
             while g.verdict(now, None) == Verdict::BackingOff {
                 now += MS / 4;
@@ -502,8 +535,8 @@ mod tests {
             // keeps polling whatever the record says.
             report(PollPolicy::Always, expired());
             assert_eq!(GOVERNOR.with(Cell::get), Governor::default());
-            report(idle, expired());
-            report(idle, expired());
+            report(idle, descheduled());
+            report(idle, descheduled());
             assert_ne!(GOVERNOR.with(Cell::get).quiet_until_ns, 0);
             assert_eq!(decide(PollPolicy::Always), Verdict::Poll);
         })
