@@ -1,6 +1,5 @@
 //! `mooncake`: one binary for every role. Each subcommand parses its flags and calls a crate.
 
-mod bench;
 mod node;
 mod quickstart;
 mod verbs;
@@ -45,7 +44,7 @@ enum Command {
     /// subcommand: the store client cases (`bench store` with its defaults).
     Bench {
         #[command(subcommand)]
-        command: Option<bench::BenchCommand>,
+        command: Option<mooncake_bench::BenchCommand>,
     },
 }
 
@@ -145,8 +144,8 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Bench { command } => {
             init_logging_at("warn");
             match command {
-                Some(command) => bench::run(command),
-                None => bench::store::run(bench::store::Args::defaults()),
+                Some(command) => mooncake_bench::run(command),
+                None => mooncake_bench::store::run(mooncake_bench::store::Args::defaults()),
             }
         }
     }

@@ -11,7 +11,8 @@ use mooncake_server::{MasterConfig, RunningMaster};
 use mooncake_transfer::TransportMode;
 use std::time::{Duration, Instant};
 
-use crate::bench::pingpong::Latency;
+use mooncake_bench::fill_pattern;
+use mooncake_bench::pingpong::Latency;
 
 /// Flags of `mooncake quickstart`.
 #[derive(Debug, clap::Args)]
@@ -40,22 +41,6 @@ const MIX: [(usize, usize); 4] = [
     (1 << 20, 200),
     (16 << 20, 16),
 ];
-
-/// Deterministic bytes of object `index` of size `len` (fast: one xorshift word per 8 bytes).
-pub fn fill_pattern(buf: &mut [u8], seed: u64) {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    let mut chunks = buf.chunks_exact_mut(8);
-    for chunk in &mut chunks {
-        state ^= state << 13;
-        state ^= state >> 7;
-        state ^= state << 17;
-        chunk.copy_from_slice(&state.to_le_bytes());
-    }
-    state ^= state << 13;
-    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
-        *b = (state >> (8 * i)) as u8;
-    }
-}
 
 struct Row {
     size: usize,

@@ -1,5 +1,5 @@
-//! Process wiring of the master: configuration, the RPC service over the master core, the HTTP
-//! admin and metrics endpoints, and the background workers.
+//! Process wiring of the master: configuration, the RPC dispatcher over the master core
+//! (`rpc_dispatch`), the HTTP admin and metrics endpoints, and the background workers.
 //!
 //! Owns: sockets, timers, threads and configuration of the master process. Must never: hold
 //! metadata of its own (the `mooncake-master` state machine is the single source of truth) or hold
@@ -9,7 +9,8 @@ pub mod config;
 pub mod http;
 pub mod metrics;
 pub mod process;
-pub mod service;
+pub mod rpc_dispatch;
+pub mod tenant_policy;
 
 pub use config::{ConfigError, MasterConfig, ResolvedConfig};
 pub use process::{run_until_signal, RunningMaster, StartError};

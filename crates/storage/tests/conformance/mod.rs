@@ -36,7 +36,7 @@ macro_rules! conformance_suite {
             eviction_order_survives_restart,
             eviction_listener_sees_keys_already_unindexed,
             full_store_without_eviction_is_file_write_fail_and_stays_readable,
-            full_disk_is_file_write_fail_and_stays_readable,
+            full_disk_needs_root_is_file_write_fail_and_stays_readable,
             concurrent_readers_and_writers_see_only_whole_values,
             restart_finds_exactly_the_acknowledged_objects,
             closed_backend_refuses_operations,
@@ -543,24 +543,38 @@ pub fn full_store_without_eviction_is_file_write_fail_and_stays_readable(open: &
     put(&*b, &all[4], &value_for(&all[4], 4, UNIT)).unwrap();
 }
 
-/// Mounts a small tmpfs (root only); unmounted on drop.
+/// Set to `1` where the root-only checks cannot run, to skip them with a loud line instead of
+/// failing (`scripts/test` lists what was skipped).
+pub const SKIP_ROOT_TESTS_ENV: &str = "MC_SKIP_ROOT_TESTS";
+/// File that skipped checks append `name: reason` lines to (`scripts/test` sets it).
+pub const SKIPPED_TESTS_FILE_ENV: &str = "MC_SKIPPED_TESTS_FILE";
+/// Set in the child that reruns a check inside a new user and mount namespace.
+const IN_USER_NAMESPACE_ENV: &str = "MC_TEST_IN_USER_NAMESPACE";
+
+/// Mounts a small tmpfs (needs root, CAP_SYS_ADMIN, or a user namespace); unmounted on drop.
 struct Tmpfs {
     path: PathBuf,
     _dir: tempfile::TempDir,
 }
 
 impl Tmpfs {
-    fn mount(size_bytes: u64) -> Option<Tmpfs> {
-        let dir = tempfile::tempdir().ok()?;
+    fn mount(size_bytes: u64) -> Result<Tmpfs, String> {
+        let dir = tempfile::tempdir().map_err(|e| format!("tempdir: {e}"))?;
         let path = dir.path().join("mnt");
-        std::fs::create_dir(&path).ok()?;
-        let status = std::process::Command::new("mount")
+        std::fs::create_dir(&path).map_err(|e| format!("mkdir {path:?}: {e}"))?;
+        let output = std::process::Command::new("mount")
             .args(["-t", "tmpfs", "-o", &format!("size={size_bytes}"), "tmpfs"])
             .arg(&path)
-            .stderr(std::process::Stdio::null())
-            .status()
-            .ok()?;
-        status.success().then_some(Tmpfs { path, _dir: dir })
+            .output()
+            .map_err(|e| format!("running mount: {e}"))?;
+        if !output.status.success() {
+            return Err(format!(
+                "mount -t tmpfs: {} {}",
+                output.status,
+                String::from_utf8_lossy(&output.stderr).trim()
+            ));
+        }
+        Ok(Tmpfs { path, _dir: dir })
     }
 }
 
@@ -573,12 +587,97 @@ impl Drop for Tmpfs {
     }
 }
 
-/// A real ENOSPC: the backend lives on a small tmpfs that a filler file has almost filled.
-/// Needs root to mount; prints a notice and passes vacuously without it.
-pub fn full_disk_is_file_write_fail_and_stays_readable(open: &Opener) {
-    let Some(fs) = Tmpfs::mount(40 * MIB) else {
-        eprintln!("NOTICE: cannot mount tmpfs (not root?); full-disk check not run");
-        return;
+/// Reruns the current test alone in a child process inside a new user and mount namespace
+/// (`unshare --user --map-root-user --mount`), where an unprivileged user may mount a tmpfs.
+/// `Ok(())` once the child passed that one test; `Err` says why no namespace could be had; a
+/// child that ran and failed fails the caller.
+fn rerun_in_user_namespace() -> Result<(), String> {
+    // libtest runs each test on a thread named after it; that name selects it again.
+    let name = std::thread::current()
+        .name()
+        .filter(|n| *n != "main")
+        .map(str::to_string)
+        .ok_or("the test thread has no test name to rerun")?;
+    let probe = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount", "true"])
+        .output()
+        .map_err(|e| format!("running unshare: {e}"))?;
+    if !probe.status.success() {
+        return Err(format!(
+            "unshare --user --mount: {} {}",
+            probe.status,
+            String::from_utf8_lossy(&probe.stderr).trim()
+        ));
+    }
+    let exe = std::env::current_exe().map_err(|e| format!("current_exe: {e}"))?;
+    let output = std::process::Command::new("unshare")
+        .args(["--user", "--map-root-user", "--mount"])
+        .arg(exe)
+        .args(["--exact", &name, "--nocapture", "--test-threads=1"])
+        .env(IN_USER_NAMESPACE_ENV, "1")
+        .output()
+        .map_err(|e| format!("running the child: {e}"))?;
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    eprintln!(
+        "child in a user namespace ({}):\n{stdout}{}",
+        output.status,
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(
+        output.status.success() && stdout.contains("test result: ok. 1 passed"),
+        "{name} failed in its user-namespace child ({})",
+        output.status
+    );
+    Ok(())
+}
+
+/// Reports a check that cannot run here: fails, unless `MC_SKIP_ROOT_TESTS=1`, which turns it
+/// into a loud `SKIPPED` line (also appended to `$MC_SKIPPED_TESTS_FILE`).
+fn cannot_run(reason: &str) {
+    let name = std::thread::current()
+        .name()
+        .unwrap_or("unnamed test")
+        .to_string();
+    if std::env::var(SKIP_ROOT_TESTS_ENV).as_deref() != Ok("1") {
+        panic!(
+            "{name} cannot run here: {reason}. Run it as root (or with CAP_SYS_ADMIN, or where \
+             unprivileged user namespaces are allowed), or set {SKIP_ROOT_TESTS_ENV}=1 to skip it"
+        );
+    }
+    eprintln!("SKIPPED (needs root): {name}: {reason}");
+    if let Some(path) = std::env::var_os(SKIPPED_TESTS_FILE_ENV) {
+        use std::io::Write;
+        let line = format!("{name}: {reason}\n");
+        let appended = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .and_then(|mut f| f.write_all(line.as_bytes()));
+        if let Err(e) = appended {
+            panic!("{name} skipped, and recording that in {path:?} failed: {e}");
+        }
+    }
+}
+
+/// A real ENOSPC: the backend lives on a small tmpfs that a filler file has almost filled. The
+/// tmpfs is mounted here when the process may (root, CAP_SYS_ADMIN), else in a child process
+/// inside a user namespace; where neither works the test fails, or is skipped loudly with
+/// `MC_SKIP_ROOT_TESTS=1`. Never passes without running.
+pub fn full_disk_needs_root_is_file_write_fail_and_stays_readable(open: &Opener) {
+    let fs = match Tmpfs::mount(40 * MIB) {
+        Ok(fs) => fs,
+        Err(why) if std::env::var_os(IN_USER_NAMESPACE_ENV).is_some() => {
+            panic!("inside the user namespace the tmpfs must mount: {why}")
+        }
+        Err(mount_error) => {
+            if let Err(namespace_error) = rerun_in_user_namespace() {
+                cannot_run(&format!(
+                    "mounting a tmpfs failed ({mount_error}) and so did a user namespace \
+                     ({namespace_error})"
+                ));
+            }
+            return;
+        }
     };
     let root = fs.path.join("store");
     let ev = EvictionConfig {

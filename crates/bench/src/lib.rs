@@ -1,4 +1,11 @@
-//! `mooncake bench …`: one module per benchmark family.
+//! The benchmarks behind `mooncake bench …`, one module per family. Each prints its table next to
+//! a peer measured in the same run (the TCP ping-pong floor, iperf3, memcpy, raw file I/O).
+//!
+//! Contract with the binary: several benchmarks start their peer processes by running the current
+//! executable again, as `EXE master …` (a master child), `EXE bench store-peer …`,
+//! `EXE bench pingpong-serve …` and `EXE bench transfer --serve-bytes …`. The binary that calls
+//! [`run`] must therefore be `mooncake`, routing `bench` to [`BenchCommand`] and `master` to the
+//! master process, as `crates/cli` does.
 
 mod master;
 pub mod pingpong;
@@ -59,5 +66,27 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
             Ok(())
         }
         BenchCommand::PingpongServe { spin } => pingpong::serve(spin),
+    }
+}
+
+/// Parses a size flag with units (`4KiB`, `1MiB`, plain bytes).
+fn parse_size_arg(text: &str) -> Result<u64, String> {
+    mooncake_common::parse_size(text).map_err(|e| format!("{text:?}: {e}"))
+}
+
+/// Deterministic bytes for `seed` (fast: one xorshift word per 8 bytes). The store benchmark and
+/// `mooncake quickstart` write these and compare what they read back.
+pub fn fill_pattern(buf: &mut [u8], seed: u64) {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    let mut chunks = buf.chunks_exact_mut(8);
+    for chunk in &mut chunks {
+        state ^= state << 13;
+        state ^= state >> 7;
+        state ^= state << 17;
+        chunk.copy_from_slice(&state.to_le_bytes());
+    }
+    state ^= state << 13;
+    for (i, b) in chunks.into_remainder().iter_mut().enumerate() {
+        *b = (state >> (8 * i)) as u8;
     }
 }
