@@ -276,7 +276,8 @@ pub struct EnvSettings {
     transport: TransportMode,
     /// `MC_RS_VERIFY_CHECKSUMS`: off with 0/false/off/no.
     verify_checksums: bool,
-    /// `MC_RS_BUSY_POLL_US`: the master RPC's busy-poll window (0 = off; unset = the default).
+    /// `MC_RS_BUSY_POLL_US`: the master RPC's busy-poll window on every call (0 = off; unset =
+    /// the adaptive default).
     busy_poll_us: Option<u64>,
 }
 
@@ -318,7 +319,7 @@ pub fn connect(
         ..StoreConfig::default()
     };
     if let Some(us) = settings.busy_poll_us {
-        config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
+        config.rpc.set_busy_poll_us(us);
     }
     let runtime = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.io_threads)

@@ -5,6 +5,7 @@
 //! upstream's: 0 or a negative `ErrorCode` for writes, the byte count or a negative code for
 //! reads into caller memory, `b""` for a missing key.
 
+use std::collections::HashMap;
 use std::sync::{Arc, Mutex, RwLock};
 use std::time::Duration;
 
@@ -473,6 +474,22 @@ impl Store {
     fn _master_caller_reads(&self) -> i64 {
         self.conn()
             .map_or(-1, |conn| conn.client.master_caller_reads() as i64)
+    }
+
+    /// Diagnostics: how the calling threads' calls to the master waited, as a dict of
+    /// `caller_reads`, `spins` (calls that spun for their answer), `skipped_host_busy` and
+    /// `skipped_backing_off` (calls that did not: the host had no core to spare, or spinning
+    /// had just gone badly on the thread); None before setup.
+    fn _master_poll_stats(&self) -> Option<HashMap<&'static str, u64>> {
+        self.conn().map(|conn| {
+            let s = conn.client.master_poll_stats();
+            HashMap::from([
+                ("caller_reads", s.caller_reads),
+                ("spins", s.spins),
+                ("skipped_host_busy", s.skipped_host_busy),
+                ("skipped_backing_off", s.skipped_backing_off),
+            ])
+        })
     }
 
     // ----- metadata ----------------------------------------------------------------------------

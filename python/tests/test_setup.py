@@ -151,6 +151,7 @@ def test_busy_poll_setting_takes_effect_and_calls_are_served(master, key, caplog
         monkeypatch.setenv("MC_RS_BUSY_POLL_US", busy_poll_us)
     s = MooncakeDistributedStore()
     assert s._master_caller_reads() == -1
+    assert s._master_poll_stats() is None
     with caplog.at_level("WARNING", logger="mooncake_rs"):
         assert s.setup("127.0.0.1", "P2PHANDSHAKE", "16MB", "16MB", "tcp", "", master.addr) == 0
     assert not any("MC_RS_BUSY_POLL_US" in r.getMessage() for r in caplog.records)
@@ -158,11 +159,26 @@ def test_busy_poll_setting_takes_effect_and_calls_are_served(master, key, caplog
         assert s.put("%s/%d" % (key, i), b"x" * (i + 1)) == 0
         assert s.is_exist("%s/%d" % (key, i)) == 1
         assert s.get("%s/%d" % (key, i)) == b"x" * (i + 1)
-    # Polling on (the default, or 250 µs): this thread read answers itself; off: never.
+    # Polling on (the default, or 250 µs): this thread read its answers itself, spinning first
+    # or not; off: never. The default asks before each spin whether the host has a core to
+    # spare (either verdict is fine here); 250 µs spins on every call.
+    if busy_poll_us != "0":
+        # Calls overlapping another call (the heartbeat's) leave the answers to the reader task
+        # for 50 ms: go on past such a window (bounded).
+        deadline = time.monotonic() + 2
+        while s._master_caller_reads() == 0 and time.monotonic() < deadline:
+            assert s.is_exist("%s/0" % key) == 1
+    stats = s._master_poll_stats()
+    verdicts = stats["spins"] + stats["skipped_host_busy"] + stats["skipped_backing_off"]
     if busy_poll_us == "0":
         assert s._master_caller_reads() == 0
+        assert stats == {"caller_reads": 0, "spins": 0, "skipped_host_busy": 0,
+                         "skipped_backing_off": 0}
     else:
-        assert s._master_caller_reads() > 0
+        assert s._master_caller_reads() > 0 and stats["caller_reads"] > 0
+        assert verdicts > 0, stats
+        if busy_poll_us == "250":
+            assert stats["skipped_host_busy"] == 0 and stats["skipped_backing_off"] == 0, stats
     assert s.close() == 0
 
 

@@ -267,10 +267,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
 
     if args.master.is_none() && args.busy_poll_us > 0 {
         let spin_master = MasterChild::start(&[format!("--busy_poll_us={}", args.busy_poll_us)])?;
-        let config = ClientConfig {
-            busy_poll: Some(Duration::from_micros(args.busy_poll_us)),
-            ..ClientConfig::default()
-        };
+        let mut config = ClientConfig::default();
+        config.set_busy_poll_us(args.busy_poll_us);
         local.block_on(&runtime, async {
             let ctx = Rc::new(setup(spin_master.addr, 1000, config).await?);
             let (_, elapsed, mut samples) = drive(ctx, Op::Exist, 1, args.seconds).await?;

@@ -86,6 +86,11 @@ impl MasterClient {
         self.rpc.caller_reads()
     }
 
+    /// How calls waited for their answers (see `RpcClient::poll_stats`).
+    pub fn poll_stats(&self) -> mooncake_rpc::PollStats {
+        self.rpc.poll_stats()
+    }
+
     /// Sends any master request and returns its output.
     pub async fn call<M: Method>(&self, request: &M) -> Result<M::Output, MasterError> {
         let body = encode(request)?;

@@ -2,11 +2,13 @@
 //!
 //! A call encodes its frame, takes the write half's lock just long enough to write it, and waits
 //! on a oneshot that the connection's reader task completes when the answer with its request id
-//! arrives. In busy-poll mode a caller on its own thread (`block_on`) reads the socket itself
-//! for a while instead, handing out whatever answers it reads. A call that times out removes
-//! its entry, so a late answer is dropped. When the connection breaks, every waiting call fails
-//! with `Disconnected` and the next call reconnects.
+//! arrives. In busy-poll mode a caller on its own thread (`block_on`) whose calls do not overlap
+//! others' reads the socket itself instead, spinning first when that pays (`crate::poll`), and
+//! hands out whatever answers it reads; meanwhile the reader task stays out of the way. A call
+//! that times out removes its entry, so a late answer is dropped. When the connection breaks,
+//! every waiting call fails with `Disconnected` and the next call reconnects.
 
+use crate::poll::{self, now_ns, PollPolicy, SpinClock, Verdict};
 use bytes::{Bytes, BytesMut};
 use mooncake_common::ErrorCode;
 use mooncake_proto::{
@@ -18,9 +20,9 @@ use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Weak};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 use thiserror::Error;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncWriteExt, Interest};
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::oneshot;
@@ -64,16 +66,24 @@ pub struct ClientConfig {
     pub call_timeout: Duration,
     pub max_frame_bytes: usize,
     /// Low-latency mode: while a call waits for its answer, the socket is polled for up to this
-    /// long before parking in epoll, so the answer is picked up without waking a parked thread.
-    /// A caller on its own thread (`block_on`: the Python binding, the blocking client) polls
-    /// itself, so no thread needs a wake-up on its side (32-key batch lookups from Python after
-    /// a copy: 90-110 µs to 53-67 µs, docs/decisions.md). For calls made by runtime tasks the
-    /// connection's reader polls; a call sent while it is parked wakes it (that wake-up
-    /// overlaps the round trip). Sequential 4 KiB gets went from 1.3× to about 0.7× a
-    /// blocking-read ping-pong between two processes. Costs at most this much CPU per call;
-    /// with no call in flight the reader parks (after lingering half of it when the caller has
-    /// been sending calls back to back). Default 100 µs; `None` turns it off.
+    /// long before parking in epoll, so the answer is picked up without waking a parked thread
+    /// (when [`ClientConfig::poll_policy`] says spinning pays). A caller on its own thread
+    /// (`block_on`: the Python binding, the blocking client) whose calls do not overlap others'
+    /// reads its answer itself: it spins, then waits on the socket itself (a multi-thread
+    /// runtime's `block_on` only), so no thread has to be woken to hand the answer over (32-key
+    /// batch lookups from Python after a copy: 90-110 µs to 53-67 µs, docs/decisions.md). For
+    /// calls made by runtime tasks the connection's reader polls; a call sent while it is parked
+    /// wakes it (that wake-up overlaps the round trip). Sequential 4 KiB gets went from 1.3× to
+    /// about 0.7× a blocking-read ping-pong between two processes. Spinning costs at most this
+    /// much CPU per call; with no call in flight the reader parks (after lingering half of it
+    /// when the caller has been sending calls back to back). Default 100 µs; `None` turns
+    /// polling off (every answer goes through the reader task).
     pub busy_poll: Option<Duration>,
+    /// When to spin for an answer within `busy_poll`. Default [`PollPolicy::Adaptive`]: only
+    /// while the host has a core to spare and spinning keeps paying on the thread (spinners
+    /// that outnumber cores take the cores the server and the other processes need);
+    /// [`PollPolicy::Always`] spins on every call, as an explicit budget from the user asks.
+    pub poll_policy: PollPolicy,
 }
 
 impl Default for ClientConfig {
@@ -83,7 +93,18 @@ impl Default for ClientConfig {
             call_timeout: Duration::from_secs(10),
             max_frame_bytes: mooncake_proto::DEFAULT_MAX_FRAME_BYTES,
             busy_poll: Some(DEFAULT_BUSY_POLL),
+            poll_policy: PollPolicy::Adaptive,
         }
+    }
+}
+
+impl ClientConfig {
+    /// A budget the user chose (an environment variable, a flag), in microseconds: `0` turns
+    /// polling off; any other value spins up to that long on every call
+    /// ([`PollPolicy::Always`]) instead of the adaptive default.
+    pub fn set_busy_poll_us(&mut self, us: u64) {
+        self.busy_poll = (us > 0).then(|| Duration::from_micros(us));
+        self.poll_policy = PollPolicy::Always;
     }
 }
 
@@ -119,12 +140,32 @@ struct Connection {
     reader: Arc<ReaderSignal>,
     /// The read side, shared with the reader task (a caller may read its own answer).
     inbox: Arc<Inbox>,
-    /// Whether a caller polls the socket itself (the reader task need not spin for its call).
-    caller_polling: AtomicBool,
     /// When a call last found another in flight (`now_ns`; `NEVER` before).
     overlap_at_ns: AtomicU64,
-    /// The client's count of reads by polling callers.
-    caller_reads: Arc<AtomicU64>,
+    /// The client's counters.
+    counters: Arc<Counters>,
+}
+
+/// What [`RpcClient::poll_stats`] reports.
+#[derive(Debug, Default)]
+struct Counters {
+    caller_reads: AtomicU64,
+    spins: AtomicU64,
+    skipped_host_busy: AtomicU64,
+    skipped_backing_off: AtomicU64,
+}
+
+/// How the calls of one client waited for their answers (diagnostics).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PollStats {
+    /// Reads of the socket by callers waiting for their own answers (on their own threads).
+    pub caller_reads: u64,
+    /// Calls whose caller spun for its answer.
+    pub spins: u64,
+    /// Calls whose caller would have spun but did not: the host had no core to spare.
+    pub skipped_host_busy: u64,
+    /// ... or spinning had gone badly on the caller's thread just before.
+    pub skipped_backing_off: u64,
 }
 
 /// The read half of a connection and the bytes read from it but not yet handed out. Whoever
@@ -135,6 +176,10 @@ struct Connection {
 struct Inbox {
     half: OwnedReadHalf,
     state: Mutex<InboxState>,
+    /// Whether a caller reads the socket for its own answer ([`PollingGuard`]). Set under
+    /// `state`'s lock, and the reader task reads only under that lock after finding it clear: it
+    /// never takes an answer a polling caller waits for.
+    caller_polling: AtomicBool,
 }
 
 #[derive(Debug)]
@@ -158,6 +203,9 @@ struct ReaderSignal {
     last_gap_short: AtomicBool,
     /// Whether the last two calls were (the reader then lingers after an answer).
     quick_follow_up: AtomicBool,
+    /// Set while the reader waits for a polling caller to finish (it reads nothing meanwhile);
+    /// a call that needs the reader then wakes it through `wake`.
+    deferring: AtomicBool,
 }
 
 impl Connection {
@@ -165,7 +213,7 @@ impl Connection {
     /// caller hands out every answer it reads; two spinners would take the core the server
     /// needs).
     fn awaited(&self) -> bool {
-        !self.caller_polling.load(Ordering::Relaxed) && !self.pending.lock().is_empty()
+        !self.inbox.caller_polling.load(Ordering::SeqCst) && !self.pending.lock().is_empty()
     }
 
     fn fail_all(&self, why: &str) {
@@ -186,7 +234,7 @@ pub struct RpcClient {
     /// Serializes reconnection attempts (the fast path above never awaits).
     connect_lock: tokio::sync::Mutex<()>,
     next_request_id: AtomicU64,
-    caller_reads: Arc<AtomicU64>,
+    counters: Arc<Counters>,
 }
 
 impl RpcClient {
@@ -198,14 +246,31 @@ impl RpcClient {
             connection: Mutex::new(None),
             connect_lock: tokio::sync::Mutex::new(()),
             next_request_id: AtomicU64::new(1),
-            caller_reads: Arc::new(AtomicU64::new(0)),
+            counters: Arc::new(Counters::default()),
         }
     }
 
     /// How many times a caller waiting on its own thread read answers from the socket itself
     /// (busy-poll mode, calls made through `block_on`), rather than the connection's reader task.
     pub fn caller_reads(&self) -> u64 {
-        self.caller_reads.load(Ordering::Relaxed)
+        self.counters.caller_reads.load(Ordering::Relaxed)
+    }
+
+    /// How this client's callers waited for their answers: reads of their own, and the adaptive
+    /// mode's verdicts on spinning (see [`ClientConfig::poll_policy`]).
+    pub fn poll_stats(&self) -> PollStats {
+        let c = &self.counters;
+        PollStats {
+            caller_reads: c.caller_reads.load(Ordering::Relaxed),
+            spins: c.spins.load(Ordering::Relaxed),
+            skipped_host_busy: c.skipped_host_busy.load(Ordering::Relaxed),
+            skipped_backing_off: c.skipped_backing_off.load(Ordering::Relaxed),
+        }
+    }
+
+    /// Whether the client holds a live connection (it connects on the next call otherwise).
+    pub fn is_connected(&self) -> bool {
+        self.current_connection().is_some()
     }
 
     /// The server address.
@@ -252,6 +317,7 @@ impl RpcClient {
                 decoder: FrameDecoder::new(self.config.max_frame_bytes),
                 closed: None,
             }),
+            caller_polling: AtomicBool::new(false),
         });
         let connection = Arc::new(Connection {
             writer: tokio::sync::Mutex::new(writer),
@@ -260,15 +326,16 @@ impl RpcClient {
             alive: AtomicBool::new(true),
             reader: Arc::new(ReaderSignal::default()),
             inbox: Arc::clone(&inbox),
-            caller_polling: AtomicBool::new(false),
             overlap_at_ns: AtomicU64::new(NEVER),
-            caller_reads: Arc::clone(&self.caller_reads),
+            counters: Arc::clone(&self.counters),
         });
         tokio::spawn(read_loop(
             inbox,
             Arc::clone(&connection.reader),
             Arc::downgrade(&connection),
-            self.config.busy_poll,
+            self.config
+                .busy_poll
+                .map(|budget| (budget, self.config.poll_policy)),
         ));
         *self.connection.lock() = Some(connection.clone());
         Ok(connection)
@@ -285,6 +352,7 @@ impl RpcClient {
             });
         }
         let connection = self.live_connection().await?;
+        let deadline = Instant::now() + self.config.call_timeout;
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let header = FrameHeader {
             kind: FrameKind::Request,
@@ -292,10 +360,15 @@ impl RpcClient {
             request_id,
         };
         let (tx, mut rx) = oneshot::channel();
-        let alone = {
+        let (alone, caller_reads_for_us) = {
             let mut pending = connection.pending.lock();
             pending.insert(request_id, tx);
-            pending.len() == 1
+            // Under `pending`'s lock, as a polling caller's exit looks at `pending`: either it
+            // sees this call (and hands it to the reader) or this sees it gone.
+            (
+                pending.len() == 1,
+                connection.inbox.caller_polling.load(Ordering::SeqCst),
+            )
         };
         let now = now_ns();
         if !alone {
@@ -310,34 +383,42 @@ impl RpcClient {
             return Err(RpcError::Disconnected("connection failed".to_string()));
         }
         // A caller on its own thread (`block_on`, not a runtime task) whose calls on this
-        // connection have not overlapped others' lately polls the socket for its answer itself:
-        // no thread has to be woken to read it, nor to hand it over. Concurrent calls (several
-        // threads on one connection) wait as a task's call does: the reader task polls for all
-        // of them and hands out their answers, one spinner instead of one per thread (polling
-        // whenever no other call was in flight, without the 50 ms window, two Python threads
-        // did 31-34k calls/s against 36-39k with it).
-        let caller_polls = match self.config.busy_poll {
-            Some(budget) if sequential && tokio::task::try_id().is_none() => {
-                PollingGuard::try_new(&connection).map(|guard| (budget, guard))
+        // connection have not overlapped others' lately reads the socket for its answer itself:
+        // no thread has to be woken to read it, nor to hand it over. It spins first when that
+        // pays (`crate::poll`), then (on a multi-thread runtime, where nothing else needs this
+        // thread) waits on the socket itself. Concurrent calls (several threads on one
+        // connection) wait as a task's call does: the reader task polls for all of them and
+        // hands out their answers, one spinner instead of one per thread (polling whenever no
+        // other call was in flight, without the 50 ms window, two Python threads did 31-34k
+        // calls/s against 36-39k with it).
+        let mut spin_budget = None;
+        let mut may_block = false;
+        let mut polling = None;
+        if let Some(budget) = self.config.busy_poll {
+            if sequential && tokio::task::try_id().is_none() {
+                may_block = on_multi_thread_runtime();
+                let counters = &self.counters;
+                match poll::decide(self.config.poll_policy) {
+                    Verdict::Poll => spin_budget = Some(budget),
+                    Verdict::HostBusy => {
+                        counters.skipped_host_busy.fetch_add(1, Ordering::Relaxed);
+                    }
+                    Verdict::BackingOff => {
+                        counters.skipped_backing_off.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
+                if spin_budget.is_some() || may_block {
+                    polling = PollingGuard::try_new(&connection);
+                }
+                if polling.is_some() && spin_budget.is_some() {
+                    counters.spins.fetch_add(1, Ordering::Relaxed);
+                } else {
+                    spin_budget = None;
+                }
             }
-            _ => None,
-        };
-        // The reader marks itself parked before its last look at `pending` (both SeqCst): it
-        // either sees this call and keeps polling, or this sees it parked and wakes it.
-        let reader_polls = self.config.busy_poll.filter(|_| caller_polls.is_none());
-        if let Some(budget) = reader_polls {
-            let signal = &connection.reader;
-            let gap_ns = now_ns().saturating_sub(signal.answered_at_ns.load(Ordering::Relaxed));
-            let short = gap_ns < budget.as_nanos() as u64 / 2;
-            // Two short gaps in a row: a put (start, copy, end) alternates short and long gaps
-            // and must not have the poller linger while it copies.
-            let before = signal.last_gap_short.swap(short, Ordering::Relaxed);
-            signal
-                .quick_follow_up
-                .store(short && before, Ordering::Relaxed);
-            if signal.parked.load(Ordering::SeqCst) {
-                signal.wake.notify_one();
-            }
+        }
+        if polling.is_none() {
+            self.reader_will_read(&connection, caller_reads_for_us);
         }
         let must_flush = {
             let mut outbox = connection.outbox.lock();
@@ -352,22 +433,38 @@ impl RpcClient {
             }
         }
 
-        if let Some((budget, _polling)) = caller_polls {
-            let answer = crate::spin_for(budget, || {
-                if let Some(answer) = try_answer(&mut rx) {
-                    return Some(answer);
+        if let Some(polling) = polling {
+            if let Some(budget) = spin_budget {
+                let (answer, spin) = poll::spin(budget, || {
+                    if let Some(answer) = try_answer(&mut rx) {
+                        return Some(answer);
+                    }
+                    connection.poll_inbox();
+                    try_answer(&mut rx)
+                })
+                .await;
+                poll::report(self.config.poll_policy, spin);
+                if let Some(answer) = answer {
+                    return finish(answer);
                 }
-                connection.poll_inbox();
-                try_answer(&mut rx)
-            })
-            .await;
-            if let Some(answer) = answer {
-                return finish(answer);
             }
+            if may_block {
+                match wait_for_own_answer(&connection, &mut rx, deadline).await {
+                    Waited::Answer(answer) => return finish(answer),
+                    Waited::TimedOut => {
+                        connection.pending.lock().remove(&request_id);
+                        return Err(RpcError::Timeout(self.config.call_timeout));
+                    }
+                    Waited::Overlapped => {}
+                }
+            }
+            // The reader task takes over (this call's entry is still pending: it is told).
+            drop(polling);
         }
         // A task's call awaits: in busy-poll mode the connection's reader task spins on the
         // socket (spinning here would starve that reader on a current-thread runtime).
-        match tokio::time::timeout(self.config.call_timeout, &mut rx).await {
+        let left = deadline.saturating_duration_since(Instant::now());
+        match tokio::time::timeout(left, &mut rx).await {
             Ok(reply) => finish(reply.ok()),
             Err(_) => {
                 connection.pending.lock().remove(&request_id);
@@ -375,6 +472,109 @@ impl RpcClient {
             }
         }
     }
+
+    /// Readies the reader task for a call whose answer it reads: wakes it if it waits for a
+    /// polling caller that has gone (`caller_reads_for_us`: one still polls, and reads this
+    /// answer or hands the call over when it stops), and in busy-poll mode has it poll.
+    fn reader_will_read(&self, connection: &Connection, caller_reads_for_us: bool) {
+        let signal = &connection.reader;
+        if !caller_reads_for_us && signal.deferring.load(Ordering::SeqCst) {
+            signal.wake.notify_one();
+        }
+        // The reader marks itself parked before its last look at `pending` (both SeqCst): it
+        // either sees this call and keeps polling, or this sees it parked and wakes it. It
+        // parks so only when it would poll.
+        if let Some(budget) = self.config.busy_poll {
+            let gap_ns = now_ns().saturating_sub(signal.answered_at_ns.load(Ordering::Relaxed));
+            let short = gap_ns < budget.as_nanos() as u64 / 2;
+            // Two short gaps in a row: a put (start, copy, end) alternates short and long gaps
+            // and must not have the poller linger while it copies.
+            let before = signal.last_gap_short.swap(short, Ordering::Relaxed);
+            signal
+                .quick_follow_up
+                .store(short && before, Ordering::Relaxed);
+            if signal.parked.load(Ordering::SeqCst) {
+                signal.wake.notify_one();
+            }
+        }
+    }
+}
+
+/// Whether the calling thread runs a multi-thread runtime's `block_on` (or no runtime's): then
+/// blocking it in `poll(2)` holds up nothing but the future it polls. On a current-thread
+/// runtime the same thread runs every task (the server's, in tests), so it must not block.
+fn on_multi_thread_runtime() -> bool {
+    tokio::runtime::Handle::try_current()
+        .is_ok_and(|h| h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread)
+}
+
+/// How waiting on the socket for an answer ended.
+enum Waited {
+    /// The answer (`None`: the connection ended without one).
+    Answer(Option<Reply>),
+    TimedOut,
+    /// Other calls are in flight on the connection now: the reader task should serve them all.
+    Overlapped,
+}
+
+/// The first wait in `poll(2)` of a caller reading its own answer; each further one doubles, up
+/// to the last. Between waits it yields, so futures polled alongside the call on its thread
+/// (which a blocked thread holds up) run at least that often.
+const FIRST_WAIT: Duration = Duration::from_millis(1);
+const LONGEST_WAIT: Duration = Duration::from_millis(16);
+
+/// A caller that holds the [`PollingGuard`] waits for its answer on the socket itself (blocking
+/// its thread in `poll(2)`, in bounded slices) and hands out whatever it reads, until its answer
+/// comes, `deadline` passes, or other calls are in flight.
+async fn wait_for_own_answer(
+    connection: &Connection,
+    rx: &mut oneshot::Receiver<Reply>,
+    deadline: Instant,
+) -> Waited {
+    let stream: &TcpStream = connection.inbox.half.as_ref();
+    let fd = stream.as_raw_fd();
+    let mut slice = FIRST_WAIT;
+    // Futures polled alongside this call run (and send their own calls) before it blocks.
+    tokio::task::yield_now().await;
+    loop {
+        if let Some(answer) = try_answer(rx) {
+            return Waited::Answer(answer);
+        }
+        let looked = connection.poll_inbox();
+        if let Some(answer) = try_answer(rx) {
+            return Waited::Answer(answer);
+        }
+        let now = Instant::now();
+        if now >= deadline {
+            return Waited::TimedOut;
+        }
+        if connection.pending.lock().len() > 1 {
+            return Waited::Overlapped;
+        }
+        // The socket was empty when we looked (a reader holding the lock instead reads nothing
+        // while we poll: look again at once).
+        if looked {
+            wait_readable(fd, slice.min(deadline - now));
+            slice = (slice * 2).min(LONGEST_WAIT);
+        }
+        tokio::task::yield_now().await;
+    }
+}
+
+/// Blocks until `fd` is readable (data, end of stream or error) or `timeout` passes.
+fn wait_readable(fd: std::os::fd::RawFd, timeout: Duration) {
+    let mut pollfd = libc::pollfd {
+        fd,
+        events: libc::POLLIN,
+        revents: 0,
+    };
+    let ms = timeout
+        .as_micros()
+        .div_ceil(1000)
+        .clamp(1, i32::MAX as u128) as libc::c_int;
+    // SAFETY: `pollfd` is one valid, initialized entry, and the descriptor is open while the
+    // connection lives (the caller holds it). An error or EINTR only ends the wait early.
+    unsafe { libc::poll(&mut pollfd, 1, ms) };
 }
 
 /// Writes everything in the outbox, including frames appended while writing, then clears the
@@ -438,15 +638,20 @@ fn try_answer(rx: &mut oneshot::Receiver<Reply>) -> Option<Option<Reply>> {
     }
 }
 
-/// The connection's one polling caller, while it lives (also when the call is dropped).
+/// The connection's one polling caller, while it lives (also when the call is dropped): while
+/// it does, the reader task reads nothing.
 struct PollingGuard<'a>(&'a Connection);
 
 impl<'a> PollingGuard<'a> {
     /// `None` when another caller polls already.
     fn try_new(connection: &'a Connection) -> Option<Self> {
+        // Under the read state's lock: a reader in the middle of reading finishes first, and
+        // looks at the flag before it reads again.
+        let _state = connection.inbox.state.lock();
         connection
+            .inbox
             .caller_polling
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .compare_exchange(false, true, Ordering::SeqCst, Ordering::SeqCst)
             .ok()
             .map(|_| PollingGuard(connection))
     }
@@ -454,29 +659,76 @@ impl<'a> PollingGuard<'a> {
 
 impl Drop for PollingGuard<'_> {
     fn drop(&mut self) {
-        self.0.caller_polling.store(false, Ordering::Release);
+        let connection = self.0;
+        // Under `pending`'s lock, as a new call looks at the flag: either it sees the flag
+        // clear (and wakes the reader itself) or this sees it waiting.
+        let waiting = {
+            let pending = connection.pending.lock();
+            connection
+                .inbox
+                .caller_polling
+                .store(false, Ordering::SeqCst);
+            !pending.is_empty()
+        };
+        // A reader that waits for us (it marks that before looking at the flag, both SeqCst)
+        // must read for the calls still waiting; with none, it sleeps on.
+        if waiting && connection.reader.deferring.load(Ordering::SeqCst) {
+            connection.reader.wake.notify_one();
+        }
     }
 }
 
 impl Connection {
-    /// A polling caller's turn at the socket: unless someone else is reading, reads what
-    /// arrived (straight from the socket, so it does not wait for the runtime's I/O driver to
-    /// notice) and hands out every whole answer.
-    fn poll_inbox(&self) {
+    /// A polling caller's turn at the socket: unless someone else holds the read state, reads
+    /// what arrived (straight from the socket, so it does not wait for the runtime's I/O driver
+    /// to notice) and hands out every whole answer. `false` when it could not look.
+    fn poll_inbox(&self) -> bool {
         let Some(mut state) = self.inbox.state.try_lock() else {
-            return;
+            return false;
         };
         let half = &self.inbox.half;
-        match pump(&mut state, self, &self.reader, |buf| recv_now(half, buf)) {
-            Ok(true) => {
-                self.caller_reads.fetch_add(1, Ordering::Relaxed);
-            }
-            Ok(false) => {}
-            Err(why) => {
-                drop(state);
-                self.fail_all(&why);
-            }
+        // Counted also when the read that brought an answer then found the end of the stream.
+        let mut got = false;
+        let pumped = pump(&mut state, self, &self.reader, |buf| {
+            let read = recv_now(half, buf);
+            got |= matches!(read, Ok(n) if n > 0);
+            read
+        });
+        drop(state);
+        if got {
+            self.counters.caller_reads.fetch_add(1, Ordering::Relaxed);
         }
+        if let Err(why) = pumped {
+            self.fail_all(&why);
+        }
+        true
+    }
+}
+
+impl Inbox {
+    /// The reader task's read: everything the socket holds, handed out, unless a caller polls
+    /// (`None`: that caller reads). `wait`: take the lock even if someone holds it; else, when
+    /// someone does, it reads for us (`Some(Ok(false))`).
+    fn reader_pump(
+        &self,
+        connection: &Connection,
+        signal: &ReaderSignal,
+        wait: bool,
+    ) -> Option<Result<bool, String>> {
+        let mut state = if wait {
+            self.state.lock()
+        } else {
+            match self.state.try_lock() {
+                Some(state) => state,
+                None => return Some(Ok(false)),
+            }
+        };
+        if self.caller_polling.load(Ordering::SeqCst) {
+            return None;
+        }
+        Some(pump(&mut state, connection, signal, |buf| {
+            self.half.try_read_buf(buf)
+        }))
     }
 }
 
@@ -571,58 +823,64 @@ fn hand_out(
 const READ_CHUNK_BYTES: usize = 64 << 10;
 
 /// Holds the connection weakly: when the last `RpcClient` and call let go of it, the write half
-/// closes, the server hangs up, and this task ends.
+/// closes, the server hangs up, and this task ends. `busy_poll`: the budget and policy of
+/// busy-poll mode.
 async fn read_loop(
     inbox: Arc<Inbox>,
     signal: Arc<ReaderSignal>,
     connection: Weak<Connection>,
-    busy_poll: Option<Duration>,
+    busy_poll: Option<(Duration, PollPolicy)>,
 ) {
     loop {
         {
             let Some(live) = connection.upgrade() else {
                 return;
             };
-            let pumped = {
-                let mut state = inbox.state.lock();
-                pump(&mut state, &live, &signal, |buf| {
-                    inbox.half.try_read_buf(buf)
-                })
-            };
-            match pumped {
-                Err(why) => {
+            match inbox.reader_pump(&live, &signal, true) {
+                None => {
+                    drop(live);
+                    defer_to_polling_caller(&inbox, &signal).await;
+                    continue;
+                }
+                Some(Err(why)) => {
                     live.fail_all(&why);
                     return;
                 }
-                Ok(true) => continue,
-                Ok(false) => {}
+                Some(Ok(true)) => continue,
+                Some(Ok(false)) => {}
             }
         }
-        if let Some(budget) = busy_poll {
-            let expired = match poll_while_awaited(&inbox, &connection, &signal, budget).await {
-                Polled::Read => continue,
-                Polled::Over => return,
-                Polled::Idle => false,
-                Polled::Expired => true,
-            };
-            signal.parked.store(true, Ordering::SeqCst);
-            if !expired && connection.upgrade().is_some_and(|c| c.awaited()) {
-                // A call registered between the poll loop and the flag: poll for it.
+        if let Some((budget, policy)) = busy_poll {
+            // Asked afresh each time the reader would poll (a call's wake-up, an answer).
+            if poll::decide(policy) == Verdict::Poll {
+                let expired =
+                    match poll_while_awaited(&inbox, &connection, &signal, budget, policy).await {
+                        Polled::Read => continue,
+                        Polled::Over => return,
+                        Polled::Idle => false,
+                        Polled::Expired => true,
+                    };
+                signal.parked.store(true, Ordering::SeqCst);
+                if !expired && connection.upgrade().is_some_and(|c| c.awaited()) {
+                    // A call registered between the poll loop and the flag: poll for it.
+                    signal.parked.store(false, Ordering::SeqCst);
+                    continue;
+                }
+                let woken = tokio::select! {
+                    ready = inbox.half.readable() => Some(ready),
+                    _ = signal.wake.notified() => None,
+                };
                 signal.parked.store(false, Ordering::SeqCst);
+                if let Some(Err(error)) = woken {
+                    if let Some(live) = connection.upgrade() {
+                        live.fail_all(&error.to_string());
+                    }
+                    return;
+                }
                 continue;
             }
-            let woken = tokio::select! {
-                ready = inbox.half.readable() => Some(ready),
-                _ = signal.wake.notified() => None,
-            };
-            signal.parked.store(false, Ordering::SeqCst);
-            if let Some(Err(error)) = woken {
-                if let Some(live) = connection.upgrade() {
-                    live.fail_all(&error.to_string());
-                }
-                return;
-            }
-            continue;
+            // Not polling now: park until the socket has something, and do not let calls wake
+            // us in vain (`parked` stays clear).
         }
         if let Err(error) = inbox.half.readable().await {
             if let Some(live) = connection.upgrade() {
@@ -633,46 +891,98 @@ async fn read_loop(
     }
 }
 
+/// How soon a reader waiting for a polling caller looks again at a socket that holds data the
+/// caller has not read yet, or whose end it saw (the caller reads both itself; this only bounds
+/// the wait for data nobody waits for).
+const DEFER_RECHECK: Duration = Duration::from_millis(5);
+
+/// Waits while a caller polls the socket for its own answer (it reads everything meanwhile):
+/// until the flag clears or a call needs the reader. The runtime's readiness, which the caller's
+/// own reads leave set, is forgotten once the socket is seen empty (so the wait is for new
+/// data; forgetting it with data unread would hide that data from the reader's own reads, which
+/// the runtime skips while it believes the socket empty).
+async fn defer_to_polling_caller(inbox: &Inbox, signal: &ReaderSignal) {
+    let stream: &TcpStream = inbox.half.as_ref();
+    // Marked before looking at the flag (both SeqCst), as a caller clears the flag before
+    // looking at the mark: one of the two sees the other.
+    signal.deferring.store(true, Ordering::SeqCst);
+    while inbox.caller_polling.load(Ordering::SeqCst) {
+        tokio::select! {
+            ready = stream.ready(Interest::READABLE) => {
+                let open = ready.is_ok_and(|r| !r.is_read_closed() && !r.is_error());
+                // `WouldBlock` (empty: readiness cleared) or the first byte's count.
+                let unread = open.then(|| stream.try_io(Interest::READABLE, || peek(stream)));
+                if !matches!(unread, Some(Err(ref e)) if e.kind() == std::io::ErrorKind::WouldBlock) {
+                    tokio::select! {
+                        _ = tokio::time::sleep(DEFER_RECHECK) => {}
+                        _ = signal.wake.notified() => {}
+                    }
+                }
+            }
+            _ = signal.wake.notified() => {}
+        }
+    }
+    signal.deferring.store(false, Ordering::SeqCst);
+}
+
+/// Whether the socket holds data, without taking it: `Ok(1)` if so, `Ok(0)` at its end,
+/// `WouldBlock` when empty.
+fn peek(stream: &TcpStream) -> std::io::Result<usize> {
+    let mut byte = 0u8;
+    // SAFETY: the descriptor is open while `stream` lives, and recv writes at most one byte
+    // into `byte`.
+    let n = unsafe {
+        libc::recv(
+            stream.as_raw_fd(),
+            (&mut byte as *mut u8).cast(),
+            1,
+            libc::MSG_PEEK | libc::MSG_DONTWAIT,
+        )
+    };
+    if n < 0 {
+        return Err(std::io::Error::last_os_error());
+    }
+    Ok(n as usize)
+}
+
 /// What polling the socket ended with.
 enum Polled {
     /// Something was read and handed out.
     Read,
     /// The connection is over (every call was told) or gone.
     Over,
-    /// No call awaits an answer.
+    /// No call awaits an answer (or a caller polls for its own).
     Idle,
     /// A call still waits, but the budget ran out.
     Expired,
 }
 
 /// Busy-poll mode: polls the socket while some call awaits its answer, for at most `budget`,
-/// and for half of it when none does.
+/// and for half of it when none does; takes note of how the spin went (`policy`).
 async fn poll_while_awaited(
     inbox: &Inbox,
     connection: &Weak<Connection>,
     signal: &ReaderSignal,
     budget: Duration,
+    policy: PollPolicy,
 ) -> Polled {
-    let started = std::time::Instant::now();
-    loop {
+    let mut clock = SpinClock::start();
+    let outcome = loop {
         let Some(live) = connection.upgrade() else {
             return Polled::Over;
         };
         // A polling caller may hold the state: then it reads for us.
-        if let Some(mut state) = inbox.state.try_lock() {
-            match pump(&mut state, &live, signal, |buf| {
-                inbox.half.try_read_buf(buf)
-            }) {
-                Ok(true) => return Polled::Read,
-                Ok(false) => {}
-                Err(why) => {
-                    drop(state);
-                    live.fail_all(&why);
-                    return Polled::Over;
-                }
+        match inbox.reader_pump(&live, signal, false) {
+            Some(Ok(true)) => break Polled::Read,
+            Some(Ok(false)) => {}
+            Some(Err(why)) => {
+                live.fail_all(&why);
+                return Polled::Over;
             }
+            // A caller polls for its own answer: one spinner is enough.
+            None => return Polled::Idle,
         }
-        let elapsed = started.elapsed();
+        let elapsed = clock.tick();
         // With nothing awaited, linger for half the budget, but only while the caller has been
         // sending its calls right after the answers before them (small sequential calls): then its
         // answer is picked up without the wake-up a parked reader needs. A caller that works
@@ -680,25 +990,18 @@ async fn poll_while_awaited(
         // a core from it.
         let linger = signal.quick_follow_up.load(Ordering::Relaxed);
         if (!linger || elapsed >= budget / 2) && !live.awaited() {
+            // Lingering that found nothing tells nothing about contention: not recorded.
             return Polled::Idle;
         }
         if elapsed >= budget {
-            return Polled::Expired;
+            break Polled::Expired;
         }
         drop(live);
         // Lets the runtime run other tasks (the caller itself on a current-thread runtime).
         tokio::task::yield_now().await;
-    }
-}
-
-/// Nanoseconds since the first call of this function in the process (a cheap shared clock for
-/// atomics).
-fn now_ns() -> u64 {
-    static EPOCH: std::sync::OnceLock<std::time::Instant> = std::sync::OnceLock::new();
-    EPOCH
-        .get_or_init(std::time::Instant::now)
-        .elapsed()
-        .as_nanos() as u64
+    };
+    poll::report(policy, clock.finish(matches!(outcome, Polled::Read)));
+    outcome
 }
 
 #[cfg(test)]

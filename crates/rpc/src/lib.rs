@@ -11,30 +11,21 @@
 mod admission;
 mod budget;
 pub mod client;
+pub mod poll;
 pub mod server;
 
 pub use budget::{MAPPED_FRAME_BYTES, SMALL_FRAME_BYTES};
-pub use client::{ClientConfig, RpcClient, RpcError};
+pub use client::{ClientConfig, PollStats, RpcClient, RpcError};
+pub use poll::{HostLoad, PollPolicy};
 pub use server::{Handler, HandlerError, RpcServer, ServerConfig, ServerStats};
 
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// Spins for up to `budget` calling `attempt` until it yields a value; `None` when the budget ran
-/// out. Each failed attempt yields to the runtime, so other tasks of the same thread (the caller
-/// waiting for this answer, the next request to send) keep running while we poll. Used by the
-/// opt-in low-latency mode on both sides of a connection.
-pub(crate) async fn spin_for<T>(
-    budget: Duration,
-    mut attempt: impl FnMut() -> Option<T>,
-) -> Option<T> {
-    let start = Instant::now();
-    loop {
-        if let Some(value) = attempt() {
-            return Some(value);
-        }
-        if start.elapsed() >= budget {
-            return None;
-        }
-        tokio::task::yield_now().await;
-    }
+/// out or when spinning would not pay now ([`poll::PollPolicy::Adaptive`]: the host has no core
+/// to spare, or spinning went badly on this thread lately). Each failed attempt yields to the
+/// runtime, so other tasks of the same thread keep running while we poll. The server's opt-in
+/// low-latency mode polls with this.
+pub(crate) async fn spin_for<T>(budget: Duration, attempt: impl FnMut() -> Option<T>) -> Option<T> {
+    poll::spin_governed(poll::PollPolicy::Adaptive, budget, attempt).await
 }

@@ -19,7 +19,7 @@ use mooncake_common::ReplicateConfig;
 use mooncake_transfer::TransportMode;
 use std::io::{BufRead, BufReader, Read};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Instant;
 
 use cross::run_cross;
 pub use cross::run_peer;
@@ -73,7 +73,8 @@ pub struct Args {
     #[arg(long, default_value_t = 20_000)]
     pub pingpong_iterations: usize,
     /// The client's master connection polls its socket this long after each answer before
-    /// parking (0 = off; default: the client's default, 100 µs).
+    /// parking, on every call (0 = off; default: the client's default, 100 µs while the host
+    /// has a core to spare).
     #[arg(long)]
     pub busy_poll_us: Option<u64>,
     /// Skip the CRC32C recorded at PutEnd and checked on every get (upstream has none).
@@ -250,7 +251,7 @@ fn client_config(
         ..StoreConfig::default()
     };
     if let Some(us) = busy_us {
-        config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
+        config.rpc.set_busy_poll_us(us);
     }
     copy.apply(&mut config.transfer);
     config

@@ -185,7 +185,7 @@ pub(super) fn print(
             Some(0) => "off".to_string(),
             Some(us) => format!("{us} us"),
             None => format!(
-                "{} us (default)",
+                "{} us (default: adaptive)",
                 mooncake_rpc::client::DEFAULT_BUSY_POLL.as_micros()
             ),
         },

@@ -265,6 +265,12 @@ impl StoreClient {
         self.inner.master.caller_reads()
     }
 
+    /// How calls to the master waited for their answers: the busy-poll mode's verdicts (see
+    /// `mooncake_rpc::ClientConfig::poll_policy`) and the callers' own reads.
+    pub fn master_poll_stats(&self) -> mooncake_rpc::PollStats {
+        self.inner.master.poll_stats()
+    }
+
     /// The segments this client contributed.
     pub fn segments(&self) -> Vec<Segment> {
         self.inner
