@@ -46,6 +46,7 @@ pub mod quota;
 mod read;
 mod remove;
 mod replication;
+mod restore;
 pub mod rng;
 mod routes;
 mod seam;
@@ -55,6 +56,7 @@ pub mod strategy;
 pub mod tasks;
 mod tasks_rpc;
 mod tenants;
+mod unverified;
 mod upsert;
 
 pub use apply::ApplyError;
@@ -68,6 +70,12 @@ pub use mutation::{MasterState, Mutation, MutationObserver, ObjectRecord};
 pub use object::ObjectInfo;
 pub use put_timeouts::PutTimeoutReport;
 pub use quota::{effective_quotas, PolicyError, TenantPolicy, TenantQuotaSnapshot};
+pub use restore::{
+    ConfirmOutcome, RestoreDeadlineReport, RestoreDrops, RestoreError, RestoreOptions,
+    RestoreReport, UnverifiedReplica, DEFAULT_VERIFY_TIMEOUT_MS, MAX_CONFIRM_IDS,
+    MAX_UNVERIFIED_PAGE, MAX_UNVERIFIED_PAGE_BYTES,
+};
 pub use segments::SegmentUsage;
 pub use strategy::AllocationStrategy;
 pub use tasks::TaskLimits;
+pub use unverified::VerificationStats;
