@@ -35,7 +35,9 @@ use std::ops::Bound;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use mooncake_common::{ClientId, ErrorCode, ReplicaId, ReplicaStatus, SegmentId, SegmentStatus};
+use mooncake_common::{
+    ClientId, ErrorCode, ReplicaId, ReplicaStatus, SegmentId, SegmentStatus, TenantId,
+};
 use smallvec::SmallVec;
 use thiserror::Error;
 
@@ -45,7 +47,7 @@ use crate::handle::MasterService;
 use crate::index::{group_hash, key_hash, routed, shard_of, Tenant, SHARD_COUNT};
 use crate::mutation::{MasterState, Mutation, ObjectRecord, ReplicaPlace, SegmentRecord};
 use crate::object::{ObjectEntry, Replica, ReplicaData};
-use crate::unverified::{PendingReplica, PendingSegment, VerificationStats};
+use crate::unverified::{PendingReplica, PendingSegment, Taken, VerificationStats};
 
 /// How long a re-mounted segment's node has to confirm its restored replicas (ms).
 pub const DEFAULT_VERIFY_TIMEOUT_MS: u64 = 60_000;
@@ -431,10 +433,11 @@ impl MasterService {
         }
 
         // Objects, bucketed by shard.
-        let mut buckets: Vec<Vec<(Option<mooncake_common::TenantId>, u64, Box<ObjectEntry>)>> =
-            Vec::new();
+        let mut buckets: Vec<Vec<(Option<TenantId>, u64, Box<ObjectEntry>)>> = Vec::new();
         buckets.resize_with(SHARD_COUNT, Vec::new);
-        let mut pending: Vec<(SegmentId, ReplicaId, PendingReplica)> = Vec::new();
+        let mut pending: Vec<Vec<PendingReplica>> = Vec::new();
+        pending.resize_with(segs.len(), Vec::new);
+        let mut keys: Vec<(Option<TenantId>, Box<str>)> = Vec::new();
         let mut in_flight: Vec<BufferHandle> = Vec::new();
         for (i, mut record) in object_records.into_iter().enumerate() {
             match fates[i] {
@@ -451,7 +454,7 @@ impl MasterService {
             let processing = fates[i] == Fate::Processing;
             let mut replicas = SmallVec::<[Replica; 1]>::new();
             let mut lost_to_overlap = false;
-            let mut unverified: Vec<(SegmentId, ReplicaId, u64, u64)> = Vec::new();
+            let mut unverified: SmallVec<[(usize, ReplicaId, u64, u64); 2]> = SmallVec::new();
             for (j, rr) in record.replicas.iter().enumerate() {
                 let slot = first_slot[i] + j;
                 lost_to_overlap |= slot_state[slot] == SlotState::LostOverlap;
@@ -466,7 +469,9 @@ impl MasterService {
                             continue;
                         }
                         if let Some(b) = rr.place.buffer() {
-                            unverified.push((b.segment, rr.id, b.offset, b.len));
+                            if let Some(&p) = seg_pos.get(&b.segment) {
+                                unverified.push((p, rr.id, b.offset, b.len));
+                            }
                         }
                         match rr.place {
                             ReplicaPlace::NoF(_) => ReplicaData::NoF(h),
@@ -516,39 +521,38 @@ impl MasterService {
             }
             let account = self.replay_account(tenant);
             let entry = self.entry_of(&record, group, replicas, account);
-            for (segment, id, offset, len) in unverified {
-                pending.push((
-                    segment,
-                    id,
-                    PendingReplica {
-                        tenant: record.tenant.clone(),
-                        key: Box::from(record.key.as_str()),
+            if !unverified.is_empty() {
+                for (p, id, offset, len) in unverified {
+                    pending[p].push(PendingReplica {
+                        id,
+                        object: keys.len(),
                         offset,
                         len,
                         checksum: record.checksum,
-                    },
-                ));
+                        settled: false,
+                    });
+                }
+                keys.push((record.tenant.clone(), record.key.into_boxed_str()));
             }
             buckets[shard_of(hash)].push((record.tenant, hash, entry));
         }
 
-        // One write lock per shard.
-        let mut duplicates: Vec<(SegmentId, ReplicaId)> = Vec::new();
+        // One write lock per shard. (A duplicate key keeps its first record; the entries the
+        // second left among the pending verifications are stale, so harmless.)
         for (i, bucket) in buckets.into_iter().enumerate() {
             if bucket.is_empty() {
                 continue;
             }
             let mut shard = self.index.shard_at(i).write();
+            let defaults = bucket.iter().filter(|(t, _, _)| t.is_none()).count();
+            shard
+                .tenant_or_insert(Tenant::Default)
+                .reserve(Tenant::Default, defaults);
             for (tenant_id, hash, entry) in bucket {
                 let tenant = Tenant::of(tenant_id.as_ref());
                 let state = shard.tenant_or_insert(tenant);
                 if state.find(hash, &entry.key).is_some() {
                     drops.invalid_objects += 1;
-                    duplicates.extend(
-                        entry.meta.replicas.iter().filter_map(|r| {
-                            Some((r.handle()?.allocator()?.info().segment_id, r.id))
-                        }),
-                    );
                     continue;
                 }
                 report.objects += 1;
@@ -584,22 +588,16 @@ impl MasterService {
         report.next_replica_id = self.next_replica_id.load(Ordering::Relaxed);
         self.recompute_quotas();
 
-        // Pending verifications by segment (the duplicates' entries left out).
-        pending.sort_unstable_by_key(|(s, id, _)| (*s, *id));
-        duplicates.sort_unstable();
+        // Pending verifications by segment.
         {
             let mut u = self.unverified.lock();
             u.verify_timeout_ms = opts.verify_timeout_ms;
             u.stats = VerificationStats::default();
-            for (segment, id, p) in pending {
-                if duplicates.binary_search(&(segment, id)).is_ok() {
-                    continue;
+            u.keys = keys;
+            for (seg, list) in segs.iter().zip(pending) {
+                if !list.is_empty() {
+                    u.segments.insert(seg.segment.id, PendingSegment::new(list));
                 }
-                u.segments
-                    .entry(segment)
-                    .or_insert_with(PendingSegment::default)
-                    .replicas
-                    .insert(id, p);
             }
         }
         self.restore_active
@@ -681,17 +679,11 @@ impl MasterService {
                     continue;
                 };
                 seg.verify_deadline_ms = Some(deadline);
-                let ids: Vec<ReplicaId> = seg
-                    .replicas
-                    .iter()
-                    .filter(|(_, p)| p.checksum.is_none())
-                    .map(|(rid, _)| *rid)
-                    .collect();
-                for rid in ids {
-                    if let Some(p) = seg.replicas.remove(&rid) {
-                        unchecked.push((*id, rid, p));
-                    }
-                }
+                unchecked.extend(
+                    u.take_where(*id, |p| p.checksum.is_none())
+                        .into_iter()
+                        .map(|t| (*id, t)),
+                );
             }
         }
         let accepted = self.settle(unchecked, true);
@@ -700,13 +692,13 @@ impl MasterService {
 
     /// Marks each pending replica verified (`ok`) or drops it, if its object still holds it
     /// unverified on that segment. Returns how many changed.
-    fn settle(&self, entries: Vec<(SegmentId, ReplicaId, PendingReplica)>, ok: bool) -> u64 {
+    fn settle(&self, entries: Vec<(SegmentId, Taken)>, ok: bool) -> u64 {
         let mut changed = 0;
-        for (segment, id, p) in entries {
-            let tenant = Tenant::of(p.tenant.as_ref());
-            let hash = self.route(tenant, &p.key);
+        for (segment, (id, tenant_id, key)) in entries {
+            let tenant = Tenant::of(tenant_id.as_ref());
+            let hash = self.route(tenant, &key);
             let mut shard = self.index.shard(hash).write();
-            let done = self.edit_entry(&mut shard, tenant, hash, &p.key, |meta, edit| {
+            let done = self.edit_entry(&mut shard, tenant, hash, &key, |meta, edit| {
                 let Some(pos) = meta.replicas.iter().position(|r| {
                     r.id == id
                         && r.unverified
@@ -771,17 +763,14 @@ impl MasterService {
         };
         let mut out = Vec::new();
         let mut bytes = 0u64;
-        for (id, p) in seg
-            .replicas
-            .range((Bound::Excluded(after), Bound::Unbounded))
-        {
+        for p in seg.open_after(after) {
             let Some(checksum) = p.checksum else { continue };
             if out.len() == limit || (!out.is_empty() && bytes >= MAX_UNVERIFIED_PAGE_BYTES) {
                 break;
             }
             bytes = bytes.saturating_add(p.len);
             out.push(UnverifiedReplica {
-                id: *id,
+                id: p.id,
                 offset: p.offset,
                 len: p.len,
                 checksum,
@@ -813,11 +802,7 @@ impl MasterService {
             let good = u.take(segment_id, verified);
             (bad, good)
         };
-        let tag = |v: Vec<(ReplicaId, PendingReplica)>| {
-            v.into_iter()
-                .map(|(id, p)| (segment_id, id, p))
-                .collect::<Vec<_>>()
-        };
+        let tag = |v: Vec<Taken>| v.into_iter().map(|t| (segment_id, t)).collect::<Vec<_>>();
         let outcome = ConfirmOutcome {
             dropped: self.settle(tag(bad), false),
             verified: self.settle(tag(good), true),
@@ -885,25 +870,24 @@ impl MasterService {
         let timed_out = {
             let mut u = self.unverified.lock();
             u.stats.segments_expired += prepared.len() as u64;
-            u.segments.retain(|id, _| alive.contains(id));
+            u.prune(|id| alive.contains(&id));
+            let due: Vec<SegmentId> = u
+                .segments
+                .iter()
+                .filter(|(_, s)| s.verify_deadline_ms.is_some_and(|d| d <= now))
+                .map(|(id, _)| *id)
+                .collect();
             let mut out = Vec::new();
-            for (id, seg) in u.segments.iter_mut() {
-                if seg.verify_deadline_ms.is_some_and(|d| d <= now) {
-                    out.extend(
-                        std::mem::take(&mut seg.replicas)
-                            .into_iter()
-                            .map(|(rid, p)| (*id, rid, p)),
-                    );
-                }
+            for id in due {
+                out.extend(u.take_where(id, |_| true).into_iter().map(|t| (id, t)));
             }
-            u.segments
-                .retain(|_, s| s.verify_deadline_ms.is_none() || !s.replicas.is_empty());
             out
         };
         let dropped = self.settle(timed_out, false);
         report.replicas_timed_out = dropped as usize;
         let mut u = self.unverified.lock();
         u.stats.timed_out += dropped;
+        u.prune(|_| true);
         if !waiting && u.segments.is_empty() {
             self.restore_active.store(false, Ordering::Release);
         }
