@@ -184,6 +184,9 @@ struct Claim {
     holder: Holder,
 }
 
+/// A restored object on its way into its shard: tenant, routing hash, entry.
+type Bucketed = (Option<TenantId>, u64, Box<ObjectEntry>);
+
 /// What happens to a restored object.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Fate {
@@ -433,7 +436,7 @@ impl MasterService {
         }
 
         // Objects, bucketed by shard.
-        let mut buckets: Vec<Vec<(Option<TenantId>, u64, Box<ObjectEntry>)>> = Vec::new();
+        let mut buckets: Vec<Vec<Bucketed>> = Vec::new();
         buckets.resize_with(SHARD_COUNT, Vec::new);
         let mut pending: Vec<Vec<PendingReplica>> = Vec::new();
         pending.resize_with(segs.len(), Vec::new);

@@ -69,7 +69,8 @@ pub(crate) struct Segments {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mounted {
     New,
-    AlreadyMounted,
+    /// The same id is already mounted and OK (idempotent).
+    Existing,
     /// A restored segment waiting for its owner was taken back by it (see `adopt`).
     Adopted,
 }
@@ -99,7 +100,7 @@ impl Segments {
                 return self.adopt(segment, client);
             }
             return if existing.status == SegmentStatus::OK {
-                Ok(Mounted::AlreadyMounted)
+                Ok(Mounted::Existing)
             } else {
                 Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS)
             };
@@ -257,7 +258,7 @@ impl Segments {
                     done.adopted.push(segment.id);
                     waited.push(until.unwrap_or_default());
                 }
-                Ok(Mounted::AlreadyMounted)
+                Ok(Mounted::Existing)
                 | Err(ErrorCode::INVALID_PARAMS | ErrorCode::SEGMENT_ALREADY_EXISTS) => {}
                 Err(code) => {
                     for id in done.fresh {

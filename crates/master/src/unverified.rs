@@ -152,6 +152,7 @@ impl Unverified {
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     fn entry(id: u64, checksum: Option<u64>) -> PendingReplica {

@@ -77,7 +77,9 @@ fn target(clock: &ManualClock) -> (Arc<ManualClock>, MasterService) {
     target_with(MasterServiceConfig::default(), clock)
 }
 
-fn free_ranges(m: &MasterService) -> Vec<(SegmentId, Option<Vec<(u64, u64)>>)> {
+type FreeRanges = Vec<(SegmentId, Option<Vec<(u64, u64)>>)>;
+
+fn free_ranges(m: &MasterService) -> FreeRanges {
     m.segment_usage()
         .into_iter()
         .map(|u| (u.id, m.segment_free_ranges(u.id)))
