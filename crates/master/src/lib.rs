@@ -17,12 +17,14 @@
 //! `allocator` (per-segment buffers), `strategy` (placement), `segments` (mounted segments),
 //! `index` (shards, stripes, hashing), `routes` (group routing), `object` (metadata), `quota`
 //! (accounts, policy), `tasks` (client task queue), `clients` (ping queue, deadlines), `deferred`
-//! (discarded list, soft-pin heap), `mutation` (records, the observer trait). The handle: `handle`
+//! (discarded list, soft-pin heap), `mutation` (records, the observer trait), `unverified`
+//! (restored replicas awaiting their node's check). The handle: `handle`
 //! ([`MasterService`], construction, tenant resolution, routing). The seam: `seam` (emission and
 //! the shared write-path helpers) and `apply` (apply, export). RPC families and background steps,
 //! each an `impl MasterService` over the components: `put` (PutStart phases), `put_end`,
 //! `put_timeouts` (discarded list, reaper), `upsert`, `read`, `remove`, `replication`
-//! (copy/move), `tasks_rpc`, `segment_rpc`, `liveness` (ping, client monitor), `eviction`,
+//! (copy/move), `tasks_rpc`, `segment_rpc`, `liveness` (ping, client monitor), `restore`
+//! (bulk restore from a snapshot's state, verification, restore deadlines), `eviction`,
 //! `pins` (soft-pin expiry), `tenants` (quota admin), `audit` (checks). Dependencies go RPC
 //! family → handle → components. See docs/master.md.
 
