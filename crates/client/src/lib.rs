@@ -18,4 +18,4 @@ pub use blocking::BlockingStoreClient;
 pub use master_client::{MasterClient, MasterError, WriteMode};
 /// The `StoreConfig::transport` choice, so users of the config need not name the transfer crate.
 pub use mooncake_transfer::TransportMode;
-pub use store::{PutOutcome, StoreClient, StoreConfig, StoreError};
+pub use store::{PutOutcome, StoreClient, StoreConfig, StoreError, VerifyReport};

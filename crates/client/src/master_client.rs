@@ -10,7 +10,7 @@
 
 use mooncake_common::{
     ClientId, ErrorCode, GetReplicaListResponse, ObjectMeta, PingResponse, ReplicaDescriptor,
-    ReplicaType, ReplicateConfig, Segment, SegmentId,
+    ReplicaId, ReplicaType, ReplicateConfig, Segment, SegmentId,
 };
 use mooncake_proto::methods::{self as m, Method};
 use mooncake_proto::{decode, encode, CodecError, Reply};
@@ -121,6 +121,41 @@ impl MasterClient {
         client: ClientId,
     ) -> Result<(), MasterError> {
         self.call(&m::ReMountSegment { segments, client }).await
+    }
+
+    /// Restored replicas of `segment_id` waiting for this client's checksum check, ids above
+    /// `after` (method 44, docs/wire.md).
+    pub async fn get_unverified_replicas(
+        &self,
+        client: ClientId,
+        segment_id: SegmentId,
+        after: ReplicaId,
+        limit: u64,
+    ) -> Result<Vec<m::UnverifiedReplica>, MasterError> {
+        self.call(&m::GetUnverifiedReplicas {
+            client,
+            segment_id,
+            after,
+            limit,
+        })
+        .await
+    }
+
+    /// This client's verdicts on restored replicas of `segment_id` (method 45).
+    pub async fn confirm_replicas(
+        &self,
+        client: ClientId,
+        segment_id: SegmentId,
+        verified: Vec<ReplicaId>,
+        mismatched: Vec<ReplicaId>,
+    ) -> Result<m::ConfirmReplicasResponse, MasterError> {
+        self.call(&m::ConfirmReplicas {
+            client,
+            segment_id,
+            verified,
+            mismatched,
+        })
+        .await
     }
 
     pub async fn unmount_segment(

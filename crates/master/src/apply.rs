@@ -203,7 +203,8 @@ impl MasterService {
             replicas.push(Replica {
                 id: rr.id,
                 status: rr.status,
-                refcnt: rr.refcnt,
+                refcnt: u16::try_from(rr.refcnt).unwrap_or(u16::MAX),
+                unverified: false,
                 data,
             });
         }
@@ -227,7 +228,7 @@ impl MasterService {
     }
 
     /// The account a replayed object of `tenant` is charged to (multi-tenancy on only).
-    fn replay_account(&self, tenant: Tenant<'_>) -> Option<Arc<TenantAccount>> {
+    pub(crate) fn replay_account(&self, tenant: Tenant<'_>) -> Option<Arc<TenantAccount>> {
         if !self.config.enable_multi_tenants {
             return None;
         }
@@ -235,7 +236,7 @@ impl MasterService {
         Some(self.quota.write().account(&id))
     }
 
-    fn entry_of(
+    pub(crate) fn entry_of(
         &self,
         record: &ObjectRecord,
         group: Option<&str>,

@@ -149,11 +149,14 @@ struct PassResult {
 }
 
 impl MasterService {
-    /// `(used, capacity)` bytes over the mounted segments that still have an allocator.
+    /// `(used, capacity)` bytes over the mounted segments that still have an allocator, restored
+    /// segments waiting for their owner left out (nothing is placed there, so evicting cannot
+    /// make room).
     pub fn memory_usage_bytes(&self) -> (u64, u64) {
         let segs = self.segments.inner.read();
         segs.mounted
             .values()
+            .filter(|s| s.waiting_until_ms.is_none())
             .filter_map(|s| s.allocator.as_ref())
             .fold((0, 0), |(u, c), a| (u + a.used_bytes(), c + a.capacity()))
     }

@@ -22,6 +22,7 @@ use crate::rng::MasterRng;
 use crate::routes::Routes;
 use crate::segments::SegmentManager;
 use crate::tasks::TaskManager;
+use crate::unverified::Unverified;
 
 /// Longest key accepted (bytes). Upstream has no limit; we bound it (STYLE.md "bound everything").
 pub const MAX_KEY_LEN_BYTES: usize = 4096;
@@ -62,6 +63,10 @@ pub struct MasterService {
     pub(crate) eviction_lock: Mutex<()>,
     /// Candidate count of the last global census (capacity hint for the next one).
     pub(crate) census_hint: AtomicUsize,
+    /// Restored replicas waiting for their node's check (`restore.rs`).
+    pub(crate) unverified: Mutex<Unverified>,
+    /// A restore left segments waiting or replicas unverified (the deadline step has work).
+    pub(crate) restore_active: AtomicBool,
 }
 
 impl fmt::Debug for MasterService {
@@ -115,6 +120,8 @@ impl MasterService {
             tasks: Mutex::new(TaskManager::default()),
             eviction_lock: Mutex::new(()),
             census_hint: AtomicUsize::new(0),
+            unverified: Mutex::new(Unverified::default()),
+            restore_active: AtomicBool::new(false),
         })
     }
 

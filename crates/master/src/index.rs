@@ -130,6 +130,12 @@ impl TenantState {
         self.objects.len()
     }
 
+    /// Makes room for `additional` more entries of `tenant` (one rehash instead of several).
+    pub fn reserve(&mut self, tenant: Tenant<'_>, additional: usize) {
+        self.objects
+            .reserve(additional, |e| key_hash(tenant, &e.key));
+    }
+
     /// A prefetch plan for one walk over this table: the entries' addresses in iteration order
     /// (`iter` and `retain` visit the table in the same order). Call [`Ahead::step`] once per
     /// visited entry: it asks the CPU to load the entry `AHEAD` places further, so the walk does

@@ -17,12 +17,14 @@
 //! `allocator` (per-segment buffers), `strategy` (placement), `segments` (mounted segments),
 //! `index` (shards, stripes, hashing), `routes` (group routing), `object` (metadata), `quota`
 //! (accounts, policy), `tasks` (client task queue), `clients` (ping queue, deadlines), `deferred`
-//! (discarded list, soft-pin heap), `mutation` (records, the observer trait). The handle: `handle`
+//! (discarded list, soft-pin heap), `mutation` (records, the observer trait), `unverified`
+//! (restored replicas awaiting their node's check). The handle: `handle`
 //! ([`MasterService`], construction, tenant resolution, routing). The seam: `seam` (emission and
 //! the shared write-path helpers) and `apply` (apply, export). RPC families and background steps,
 //! each an `impl MasterService` over the components: `put` (PutStart phases), `put_end`,
 //! `put_timeouts` (discarded list, reaper), `upsert`, `read`, `remove`, `replication`
-//! (copy/move), `tasks_rpc`, `segment_rpc`, `liveness` (ping, client monitor), `eviction`,
+//! (copy/move), `tasks_rpc`, `segment_rpc`, `liveness` (ping, client monitor), `restore`
+//! (bulk restore from a snapshot's state, verification, restore deadlines), `eviction`,
 //! `pins` (soft-pin expiry), `tenants` (quota admin), `audit` (checks). Dependencies go RPC
 //! family → handle → components. See docs/master.md.
 
@@ -46,6 +48,7 @@ pub mod quota;
 mod read;
 mod remove;
 mod replication;
+mod restore;
 pub mod rng;
 mod routes;
 mod seam;
@@ -55,6 +58,7 @@ pub mod strategy;
 pub mod tasks;
 mod tasks_rpc;
 mod tenants;
+mod unverified;
 mod upsert;
 
 pub use apply::ApplyError;
@@ -68,6 +72,12 @@ pub use mutation::{MasterState, Mutation, MutationObserver, ObjectRecord};
 pub use object::ObjectInfo;
 pub use put_timeouts::PutTimeoutReport;
 pub use quota::{effective_quotas, PolicyError, TenantPolicy, TenantQuotaSnapshot};
+pub use restore::{
+    ConfirmOutcome, RestoreDeadlineReport, RestoreDrops, RestoreError, RestoreOptions,
+    RestoreReport, UnverifiedReplica, DEFAULT_VERIFY_TIMEOUT_MS, MAX_CONFIRM_IDS,
+    MAX_UNVERIFIED_PAGE, MAX_UNVERIFIED_PAGE_BYTES,
+};
 pub use segments::SegmentUsage;
 pub use strategy::AllocationStrategy;
 pub use tasks::TaskLimits;
+pub use unverified::VerificationStats;

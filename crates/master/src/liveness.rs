@@ -42,9 +42,11 @@ impl MasterService {
         self.clients.tracked()
     }
 
-    /// One monitor tick: refresh deadlines from the ping queue, then unmount every expired
-    /// client's segments (prepare → sweep all shards → commit). Returns how many clients expired.
+    /// One monitor tick: the restore deadlines first ([`MasterService::run_restore_deadlines_once`]),
+    /// then refresh deadlines from the ping queue and unmount every expired client's segments
+    /// (prepare → sweep all shards → commit). Returns how many clients expired.
     pub fn run_client_monitor_once(&self) -> usize {
+        self.run_restore_deadlines_once();
         let now = self.clock.now_ms();
         let ttl_ms = self.config.client_live_ttl_sec.saturating_mul(1000);
         let expired = self.clients.expire(now, ttl_ms);

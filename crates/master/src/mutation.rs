@@ -226,7 +226,7 @@ impl ObjectRecord {
                 Some(ReplicaRecord {
                     id: r.id,
                     status: r.status,
-                    refcnt: r.refcnt,
+                    refcnt: u32::from(r.refcnt),
                     place,
                 })
             })

@@ -34,8 +34,13 @@ pub(crate) struct Replica {
     pub id: ReplicaId,
     pub status: ReplicaStatus,
     /// Pins the replica against eviction, removal and upsert while a copy or move reads it.
+    /// Changed only under the shard's write lock. (At most one task per object holds it, so 16
+    /// bits are plenty; the record carries it as `u32`.)
+    pub refcnt: u16,
+    /// Restored from a snapshot and not yet confirmed by its node (`restore.rs`): not readable,
+    /// not a copy source, not evictable. Cleared by the node's confirmation or by a rewrite.
     /// Changed only under the shard's write lock.
-    pub refcnt: u32,
+    pub unverified: bool,
     pub data: ReplicaData,
 }
 
@@ -78,15 +83,21 @@ impl Replica {
         self.status == ReplicaStatus::COMPLETE
     }
 
+    /// Readers may be handed it: COMPLETE, live, and not waiting for verification.
+    pub fn is_readable(&self) -> bool {
+        self.is_complete() && !self.unverified && self.is_valid()
+    }
+
     /// Bytes this replica holds against its tenant's quota (memory-like replicas only).
     pub fn charged_bytes(&self) -> u64 {
         self.handle().map_or(0, BufferHandle::len)
     }
 
-    /// Eviction may take it: a COMPLETE, live MEMORY replica that nothing is reading.
+    /// Eviction may take it: a COMPLETE, verified, live MEMORY replica that nothing is reading.
     pub fn is_evictable(&self) -> bool {
         self.is_complete()
             && self.refcnt == 0
+            && !self.unverified
             && matches!(&self.data, ReplicaData::Memory(h) if h.is_live())
     }
 
@@ -446,6 +457,8 @@ pub struct ObjectInfo {
     pub group: Option<String>,
     /// `(id, type, status, live)` per replica.
     pub replicas: Vec<(ReplicaId, ReplicaType, ReplicaStatus, bool)>,
+    /// Restored replicas still waiting for their node's check (not readable).
+    pub unverified_replicas: Vec<ReplicaId>,
 }
 
 impl ObjectInfo {
@@ -471,6 +484,12 @@ impl ObjectInfo {
                 .replicas
                 .iter()
                 .map(|r| (r.id, r.replica_type(), r.status, r.is_valid()))
+                .collect(),
+            unverified_replicas: m
+                .replicas
+                .iter()
+                .filter(|r| r.unverified)
+                .map(|r| r.id)
                 .collect(),
         }
     }

@@ -376,6 +376,7 @@ impl MasterService {
                 id: self.next_replica_id(),
                 status: ReplicaStatus::PROCESSING,
                 refcnt: 0,
+                unverified: false,
                 data: ReplicaData::Memory(h),
             })
             .collect();
@@ -436,6 +437,8 @@ impl MasterService {
         for r in meta.replicas.iter_mut() {
             if r.status == ReplicaStatus::COMPLETE {
                 r.status = ReplicaStatus::PROCESSING;
+                // The new value's End makes it readable; a pending verification no longer applies.
+                r.unverified = false;
             }
         }
         meta.client_id = start.client;

@@ -31,7 +31,7 @@ impl MasterService {
         for r in &meta.replicas {
             valid |= r.is_valid();
             all_removed &= r.status == ReplicaStatus::REMOVED;
-            if r.is_complete() {
+            if r.is_complete() && !r.unverified {
                 if let Some(d) = r.descriptor(meta.size) {
                     out.push(d);
                 }
@@ -51,11 +51,7 @@ impl MasterService {
     }
 
     fn has_readable(meta: &ObjectMetadata) -> bool {
-        meta.size > 0
-            && meta
-                .replicas
-                .iter()
-                .any(|r| r.is_complete() && r.is_valid())
+        meta.size > 0 && meta.replicas.iter().any(Replica::is_readable)
     }
 
     /// Grants the read lease and refreshes the last access. A grouped object shares its lease:

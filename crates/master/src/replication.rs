@@ -53,11 +53,7 @@ impl MasterService {
             let src_index = m
                 .replicas
                 .iter()
-                .position(|r| {
-                    r.is_complete()
-                        && r.is_valid()
-                        && r.segment_name().is_some_and(|n| &*n == source)
-                })
+                .position(|r| r.is_readable() && r.segment_name().is_some_and(|n| &*n == source))
                 .ok_or(ErrorCode::REPLICA_NOT_FOUND)?;
             let held: Vec<std::sync::Arc<str>> = m
                 .replicas
@@ -109,6 +105,7 @@ impl MasterService {
                     id: self.next_replica_id(),
                     status: ReplicaStatus::PROCESSING,
                     refcnt: 0,
+                    unverified: false,
                     data: ReplicaData::Memory(h),
                 };
                 target_ids.push(r.id);
@@ -118,7 +115,7 @@ impl MasterService {
                 m.replicas.push(r);
             }
             let src = &mut m.replicas[src_index];
-            src.refcnt += 1;
+            src.refcnt = src.refcnt.saturating_add(1);
             let source_id = src.id;
             m.extra_mut().task = Some(ReplicationTask {
                 client,

@@ -19,34 +19,44 @@ impl MasterService {
     /// MountSegment: `base == 0` or `size == 0` → INVALID_PARAMS; the same id mounted and OK →
     /// OK without counting capacity twice; mounted in another status →
     /// UNAVAILABLE_IN_CURRENT_STATUS. Mount does not make the client OK (only ReMount does).
+    /// A restored segment waiting for its owner is taken back by the same client with equal
+    /// fields (its replicas then await verification); another client → SEGMENT_ALREADY_EXISTS,
+    /// changed fields → INVALID_PARAMS.
     pub fn mount_segment(&self, segment: &Segment, client: ClientId) -> Result<(), ErrorCode> {
         let _ = self.clients.push(client);
-        {
+        let mounted = {
             let mut segs = self.segments.inner.write();
-            if segs.mount(segment, client)? == Mounted::New {
+            let mounted = segs.mount(segment, client)?;
+            if mounted == Mounted::New {
                 self.emit(|| Mutation::SegmentMounted {
                     segment: segment.clone(),
                     client,
                 });
             }
+            mounted
+        };
+        if mounted == Mounted::Adopted {
+            self.begin_verification(&[segment.id]);
         }
         self.recompute_quotas();
         Ok(())
     }
 
     /// ReMountSegment: every already-mounted segment must belong to `client` with equal fields
-    /// (else INVALID_PARAMS); an OK client gets OK at once; otherwise mounts each segment (a
-    /// status error rolls back the ones just mounted) and marks the client OK.
+    /// (else INVALID_PARAMS, restored segments included); an OK client gets OK at once; otherwise
+    /// mounts each segment (a status error rolls back the ones just mounted and the restored ones
+    /// just taken back), takes back its restored segments (their replicas then await
+    /// verification) and marks the client OK.
     pub fn remount_segments(
         &self,
         segments: &[Segment],
         client: ClientId,
     ) -> Result<(), ErrorCode> {
         let _ = self.clients.push(client);
-        {
+        let adopted = {
             let mut segs = self.segments.inner.write();
-            let fresh = segs.remount(segments, client)?;
-            for id in fresh {
+            let done = segs.remount(segments, client)?;
+            for id in done.fresh {
                 if let Some(s) = segs.mounted.get(&id) {
                     self.emit(|| Mutation::SegmentMounted {
                         segment: s.segment.clone(),
@@ -54,7 +64,9 @@ impl MasterService {
                     });
                 }
             }
-        }
+            done.adopted
+        };
+        self.begin_verification(&adopted);
         self.recompute_quotas();
         Ok(())
     }

@@ -23,6 +23,10 @@ pub(crate) struct MountedSegment {
     pub host_id: Arc<str>,
     /// The only long-lived strong reference; `None` once unmounting has begun.
     pub allocator: Option<Arc<SegmentAllocator>>,
+    /// Restored from a snapshot and waiting for its owner to mount it again, until this time
+    /// (`restore.rs`): its space is reserved, it is not used for placement and its replicas are
+    /// not readable. `None` for every segment mounted by a client.
+    pub waiting_until_ms: Option<u64>,
 }
 
 /// A graceful unmount waiting for its deadline.
@@ -45,6 +49,8 @@ pub struct SegmentUsage {
     /// `None` once the allocator is gone (unmounting).
     pub used_bytes: Option<u64>,
     pub live_buffers: Option<u64>,
+    /// Restored from a snapshot, waiting for its owner to mount it again.
+    pub waiting_for_owner: bool,
 }
 
 #[derive(Debug, Default)]
@@ -63,7 +69,17 @@ pub(crate) struct Segments {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Mounted {
     New,
-    AlreadyMounted,
+    /// The same id is already mounted and OK (idempotent).
+    Existing,
+    /// A restored segment waiting for its owner was taken back by it (see `adopt`).
+    Adopted,
+}
+
+/// What a ReMount did: the segments mounted afresh and the restored ones taken back.
+#[derive(Debug, Default)]
+pub(crate) struct Remounted {
+    pub fresh: Vec<SegmentId>,
+    pub adopted: Vec<SegmentId>,
 }
 
 impl Segments {
@@ -80,8 +96,11 @@ impl Segments {
     pub fn mount(&mut self, segment: &Segment, client: ClientId) -> Result<Mounted, ErrorCode> {
         Self::validate(segment)?;
         if let Some(existing) = self.mounted.get(&segment.id) {
+            if existing.waiting_until_ms.is_some() {
+                return self.adopt(segment, client);
+            }
             return if existing.status == SegmentStatus::OK {
-                Ok(Mounted::AlreadyMounted)
+                Ok(Mounted::Existing)
             } else {
                 Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS)
             };
@@ -108,6 +127,7 @@ impl Segments {
                 status: SegmentStatus::OK,
                 host_id,
                 allocator: Some(allocator),
+                waiting_until_ms: None,
             },
         );
         self.client_segments
@@ -120,6 +140,80 @@ impl Segments {
             self.client_host.insert(client, segment.host_id.clone());
         }
         Ok(Mounted::New)
+    }
+
+    /// Adds a restored segment around its rebuilt allocator, waiting for its owner until
+    /// `waiting_until_ms`: counted in capacity and owned by `client`, but not in the placement
+    /// set. A graceful-unmount deadline comes back with it. The caller checked the record.
+    pub fn insert_restored(
+        &mut self,
+        record: &crate::mutation::SegmentRecord,
+        allocator: Arc<SegmentAllocator>,
+        waiting_until_ms: u64,
+    ) {
+        let segment = &record.segment;
+        let name = allocator.info().name.clone();
+        self.mounted.insert(
+            segment.id,
+            MountedSegment {
+                segment: segment.clone(),
+                client: record.client,
+                status: record.status,
+                host_id: Arc::from(segment.host_id.as_str()),
+                allocator: Some(allocator),
+                waiting_until_ms: Some(waiting_until_ms),
+            },
+        );
+        self.client_segments
+            .entry(record.client)
+            .or_default()
+            .push(segment.id);
+        self.by_name.entry(name).or_default().push(segment.id);
+        self.total_capacity_bytes += segment.size;
+        if let Some(deadline_ms) = record.graceful_deadline_ms {
+            self.graceful.push(GracefulUnmount {
+                deadline_ms,
+                segment_id: segment.id,
+                client: record.client,
+            });
+        }
+    }
+
+    /// The owner mounts a restored, waiting segment again: the same client with every field
+    /// equal ends the wait (an OK segment joins placement at once; its replicas still await
+    /// verification). Another client → SEGMENT_ALREADY_EXISTS; changed fields →
+    /// INVALID_PARAMS. Nothing changes on error.
+    fn adopt(&mut self, segment: &Segment, client: ClientId) -> Result<Mounted, ErrorCode> {
+        let Some(existing) = self.mounted.get_mut(&segment.id) else {
+            return Err(ErrorCode::SEGMENT_NOT_FOUND);
+        };
+        if existing.client != client {
+            return Err(ErrorCode::SEGMENT_ALREADY_EXISTS);
+        }
+        if existing.segment != *segment {
+            return Err(ErrorCode::INVALID_PARAMS);
+        }
+        existing.waiting_until_ms = None;
+        if existing.status == SegmentStatus::OK {
+            if let Some(a) = &existing.allocator {
+                self.allocatable.insert(a.clone(), &existing.host_id);
+            }
+        }
+        if !segment.host_id.is_empty() {
+            self.client_host.insert(client, segment.host_id.clone());
+        }
+        Ok(Mounted::Adopted)
+    }
+
+    /// Undoes [`Segments::adopt`] (ReMount rollback): the segment waits again until `until_ms`.
+    fn unadopt(&mut self, id: SegmentId, until_ms: u64) {
+        let Some(seg) = self.mounted.get_mut(&id) else {
+            return;
+        };
+        if let Some(a) = &seg.allocator {
+            self.allocatable.remove(a, &seg.host_id);
+        }
+        seg.waiting_until_ms = Some(until_ms);
     }
 
     /// Undoes a mount made moments ago (ReMount rollback). Nothing can point into it yet.
@@ -135,7 +229,7 @@ impl Segments {
         &mut self,
         segments: &[Segment],
         client: ClientId,
-    ) -> Result<Vec<SegmentId>, ErrorCode> {
+    ) -> Result<Remounted, ErrorCode> {
         for segment in segments {
             if !segment.host_id.is_empty() {
                 self.client_host.insert(client, segment.host_id.clone());
@@ -149,24 +243,36 @@ impl Segments {
             }
         }
         if self.ok_clients.contains(&client) {
-            return Ok(Vec::new());
+            return Ok(Remounted::default());
         }
-        let mut fresh = Vec::new();
+        let mut done = Remounted::default();
+        let mut waited = Vec::new();
         for segment in segments {
+            let until = self
+                .mounted
+                .get(&segment.id)
+                .and_then(|s| s.waiting_until_ms);
             match self.mount(segment, client) {
-                Ok(Mounted::New) => fresh.push(segment.id),
-                Ok(Mounted::AlreadyMounted)
+                Ok(Mounted::New) => done.fresh.push(segment.id),
+                Ok(Mounted::Adopted) => {
+                    done.adopted.push(segment.id);
+                    waited.push(until.unwrap_or_default());
+                }
+                Ok(Mounted::Existing)
                 | Err(ErrorCode::INVALID_PARAMS | ErrorCode::SEGMENT_ALREADY_EXISTS) => {}
                 Err(code) => {
-                    for id in fresh {
+                    for id in done.fresh {
                         self.unmount_fresh(id);
+                    }
+                    for (id, until) in done.adopted.into_iter().zip(waited) {
+                        self.unadopt(id, until);
                     }
                     return Err(code);
                 }
             }
         }
         self.ok_clients.insert(client);
-        Ok(fresh)
+        Ok(done)
     }
 
     /// First step of an unmount. `Ok(None)` for an unknown segment (idempotent); otherwise the
@@ -274,7 +380,8 @@ impl Segments {
         if let Some(a) = &seg.allocator {
             if seg.status == SegmentStatus::OK {
                 self.allocatable.remove(a, &seg.host_id);
-            } else if status == SegmentStatus::OK {
+            } else if status == SegmentStatus::OK && seg.waiting_until_ms.is_none() {
+                // A waiting segment joins placement only when its owner takes it back.
                 self.allocatable.insert(a.clone(), &seg.host_id);
             }
         }
@@ -308,6 +415,7 @@ impl Segments {
             capacity_bytes: seg.segment.size,
             used_bytes: seg.allocator.as_ref().map(|a| a.used_bytes()),
             live_buffers: seg.allocator.as_ref().map(|a| a.live_buffers()),
+            waiting_for_owner: seg.waiting_until_ms.is_some(),
         }
     }
 }

@@ -32,7 +32,7 @@ impl MasterService {
             .meta
             .replicas
             .iter()
-            .filter(|r| r.is_complete() && r.is_valid())
+            .filter(|r| r.is_readable())
             .filter_map(Replica::segment_name)
             .map(|n| n.to_string())
             .collect())

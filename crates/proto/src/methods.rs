@@ -8,8 +8,8 @@
 
 use mooncake_common::{
     ClientId, CopyStartResponse, ErrorCode, GetReplicaListResponse, MoveStartResponse, ObjectMeta,
-    PingResponse, QueryTaskResponse, ReplicaDescriptor, ReplicaType, ReplicateConfig, Segment,
-    SegmentId, SegmentStatus, TaskAssignment, TaskCompleteRequest, TaskId,
+    PingResponse, QueryTaskResponse, ReplicaDescriptor, ReplicaId, ReplicaType, ReplicateConfig,
+    Segment, SegmentId, SegmentStatus, TaskAssignment, TaskCompleteRequest, TaskId,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -175,6 +175,36 @@ methods! {
         limits(s, l) { check_len(usize::try_from(s.batch_size).unwrap_or(usize::MAX), l) };
     43 MarkTaskToComplete { client: ClientId, request: TaskCompleteRequest } -> (),
         limits(s, l) { Ok(()) };
+    /// Restored replicas of `segment_id` waiting for its owner's checksum check, ids above
+    /// `after`, at most `limit` (the master caps a page at 4096 replicas and about 1 GiB of
+    /// ranges); empty when none is left. Ours: restore after a master restart.
+    44 GetUnverifiedReplicas { client: ClientId, segment_id: SegmentId, after: ReplicaId, limit: u64 }
+        -> Vec<UnverifiedReplica>,
+        limits(s, l) { check_len(usize::try_from(s.limit).unwrap_or(usize::MAX), l) };
+    /// The owner's verdicts on restored replicas of `segment_id`: `verified` ones become
+    /// readable, `mismatched` ones are dropped. Ours: restore after a master restart.
+    45 ConfirmReplicas { client: ClientId, segment_id: SegmentId, verified: Vec<ReplicaId>, mismatched: Vec<ReplicaId> }
+        -> ConfirmReplicasResponse,
+        limits(s, l) { check_len(s.verified.len(), l)?; check_len(s.mismatched.len(), l) };
+}
+
+/// One restored replica for its node to check: CRC32C of the `len` bytes at `offset` in the
+/// segment must equal `checksum` (the object's, recorded at PutEnd).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct UnverifiedReplica {
+    pub id: ReplicaId,
+    pub offset: u64,
+    pub len: u64,
+    pub checksum: u64,
+}
+
+/// What `ConfirmReplicas` changed (ids already settled or unknown count in neither).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct ConfirmReplicasResponse {
+    /// Replicas that became readable.
+    pub verified: u64,
+    /// Replicas dropped because their bytes did not match.
+    pub dropped: u64,
 }
 
 /// One mounted segment as `GetSegmentsDetail` reports it.

@@ -363,6 +363,8 @@ fn method_id_table_is_pinned() {
         (41, "QueryTask"),
         (42, "FetchTasks"),
         (43, "MarkTaskToComplete"),
+        (44, "GetUnverifiedReplicas"),
+        (45, "ConfirmReplicas"),
     ];
     assert_eq!(METHODS, expected);
 }

@@ -2,7 +2,9 @@
 //! background workers, all on one tokio runtime.
 
 use mooncake_common::SystemClock;
-use mooncake_master::{AllocationStrategy, MasterService, MasterServiceConfig};
+use mooncake_master::{
+    AllocationStrategy, MasterService, MasterServiceConfig, MasterState, RestoreOptions,
+};
 use mooncake_proto::Limits;
 use mooncake_rpc::{RpcServer, ServerConfig};
 use std::net::SocketAddr;
@@ -22,6 +24,8 @@ use crate::rpc_dispatch::MasterRpc;
 pub enum StartError {
     #[error("invalid master settings: {0}")]
     Core(#[from] mooncake_master::ConfigError),
+    #[error("cannot restore: {0}")]
+    Restore(#[from] mooncake_master::RestoreError),
     #[error("cannot load the tenant policy {path}: {message}")]
     TenantPolicy {
         path: std::path::PathBuf,
@@ -105,10 +109,31 @@ impl RunningMaster {
         config: &MasterConfig,
         resolved: &ResolvedConfig,
     ) -> Result<RunningMaster, StartError> {
+        Self::start_with(config, resolved, None).await
+    }
+
+    /// [`RunningMaster::start`], restoring `initial` (a snapshot's state) into the new master
+    /// before anything is served; the tenant policy file, when configured, is applied after it.
+    pub async fn start_with(
+        config: &MasterConfig,
+        resolved: &ResolvedConfig,
+        initial: Option<(MasterState, RestoreOptions)>,
+    ) -> Result<RunningMaster, StartError> {
         let master = Arc::new(MasterService::new(
             core_config(config, resolved),
             Arc::new(SystemClock::new()),
         )?);
+        if let Some((state, options)) = initial {
+            let report = master.restore(state, options)?;
+            tracing::info!(
+                segments = report.segments,
+                objects = report.objects,
+                unverified_replicas = report.unverified_replicas,
+                dropped_objects = report.dropped.objects(),
+                dropped = ?report.dropped,
+                "restored the master's state; segments wait for their owners to re-mount"
+            );
+        }
         let mut policy_path = None;
         if config.enable_multi_tenants && !config.tenant_quota_connector_uri.is_empty() {
             let path = std::path::PathBuf::from(&config.tenant_quota_connector_uri);

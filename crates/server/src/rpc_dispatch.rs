@@ -211,6 +211,29 @@ impl Handler for MasterRpc {
             m::MarkTaskToComplete::ID => self.serve(body, out, |ms, r: m::MarkTaskToComplete| {
                 ms.mark_task_to_complete(r.client, &r.request)
             }),
+            m::GetUnverifiedReplicas::ID => {
+                self.serve(body, out, |ms, r: m::GetUnverifiedReplicas| {
+                    let limit = usize::try_from(r.limit).unwrap_or(usize::MAX);
+                    Ok(ms
+                        .get_unverified_replicas(r.client, r.segment_id, r.after, limit)?
+                        .into_iter()
+                        .map(|u| m::UnverifiedReplica {
+                            id: u.id,
+                            offset: u.offset,
+                            len: u.len,
+                            checksum: u.checksum,
+                        })
+                        .collect())
+                })
+            }
+            m::ConfirmReplicas::ID => self.serve(body, out, |ms, r: m::ConfirmReplicas| {
+                let done =
+                    ms.confirm_replicas(r.client, r.segment_id, &r.verified, &r.mismatched)?;
+                Ok(m::ConfirmReplicasResponse {
+                    verified: done.verified,
+                    dropped: done.dropped,
+                })
+            }),
             other => {
                 self.metrics.record(other, true);
                 Err(HandlerError::new(

@@ -1,6 +1,9 @@
 //! The segment this client contributes and keeping it known to the master: `mount_segment`,
 //! the heartbeat (`Ping` every `heartbeat_interval`) and the re-mount the master asks for with
-//! `NEED_REMOUNT` after it restarted or expired this client.
+//! `NEED_REMOUNT` after it restarted or expired this client, followed by the check of the
+//! replicas a restored master holds for this client's segments (`verify.rs`). While the master
+//! is unreachable every ping fails within the RPC timeout and the loop keeps trying; the RPC
+//! client reconnects on the next call.
 
 use mooncake_common::{ClientStatus, Segment, SegmentId};
 use mooncake_transfer::SegmentOptions;
@@ -8,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::addressing::segment_base;
+use super::verify::verify_restored;
 use super::{Inner, MountedSegment, StoreClient, StoreError};
 
 impl StoreClient {
@@ -54,6 +58,8 @@ impl StoreClient {
     }
 }
 
+/// Ping; on NEED_REMOUNT re-mount every segment (same ids); after a re-mount, check the
+/// restored replicas the master holds for them (`verify.rs`) until one pass succeeds.
 async fn heartbeat_once(inner: &Inner) -> Result<ClientStatus, StoreError> {
     let response = inner.master.ping(inner.client_id).await?;
     if response.client_status == ClientStatus::NEED_REMOUNT {
@@ -63,11 +69,33 @@ async fn heartbeat_once(inner: &Inner) -> Result<ClientStatus, StoreError> {
             .iter()
             .map(|s| s.segment.clone())
             .collect();
+        let count = segments.len();
         inner
             .master
             .remount_segments(segments, inner.client_id)
             .await?;
         inner.stats.remounts.fetch_add(1, Ordering::Relaxed);
+        inner.verify_pending.store(true, Ordering::Release);
+        if inner.was_ok.load(Ordering::Acquire) {
+            tracing::info!(
+                segments = count,
+                "re-mounted at the master (it restarted, or had expired this client)"
+            );
+        }
+    }
+    inner.was_ok.store(true, Ordering::Release);
+    if inner.verify_pending.load(Ordering::Acquire) {
+        let report = verify_restored(inner).await?;
+        inner.verify_pending.store(false, Ordering::Release);
+        if report.segments > 0 {
+            tracing::info!(
+                segments = report.segments,
+                verified = report.verified,
+                mismatched = report.mismatched,
+                "re-joined the master after it restarted: restored replicas checked \
+                 (mismatched ones were dropped by the master)"
+            );
+        }
     }
     Ok(response.client_status)
 }

@@ -23,6 +23,7 @@
 //! - `buffers.rs`: registered buffers and the per-operation pins of caller memory;
 //! - `endpoints.rs`: the cache of parsed peer endpoints;
 //! - `heartbeat.rs`: mounting the segment, the heartbeat and re-mount;
+//! - `verify.rs`: checking the replicas a restored master holds for this client's segments;
 //! - `addressing.rs`: buffer address ↔ (segment, offset); `error.rs`: [`StoreError`].
 
 pub mod addressing;
@@ -32,9 +33,11 @@ mod error;
 mod heartbeat;
 mod metadata;
 mod read;
+mod verify;
 mod write;
 
 pub use error::StoreError;
+pub use verify::VerifyReport;
 
 use mooncake_common::{ClientId, Segment};
 use mooncake_rpc::ClientConfig;
@@ -122,6 +125,10 @@ pub struct StoreStats {
     pub heartbeat_failures: AtomicU64,
     pub remounts: AtomicU64,
     pub replica_fallbacks: AtomicU64,
+    /// Restored replicas this client confirmed to a restored master.
+    pub verified_replicas: AtomicU64,
+    /// Restored replicas whose bytes did not match (the master dropped them).
+    pub mismatched_replicas: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -136,6 +143,10 @@ struct Inner {
     /// Buffers registered by the caller: start address → (length, region id).
     user_buffers: Mutex<HashMap<usize, (usize, u64)>>,
     closed: AtomicBool,
+    /// A ping answered OK at least once (a later NEED_REMOUNT means a re-join).
+    was_ok: AtomicBool,
+    /// Re-mounted, and the restored replicas of the segments not yet checked.
+    verify_pending: AtomicBool,
     stats: StoreStats,
 }
 
@@ -221,6 +232,8 @@ impl StoreClient {
             endpoints: Mutex::new(EndpointCache::default()),
             user_buffers: Mutex::new(HashMap::new()),
             closed: AtomicBool::new(false),
+            was_ok: AtomicBool::new(false),
+            verify_pending: AtomicBool::new(false),
             stats: StoreStats::default(),
             config,
         });
