@@ -29,6 +29,7 @@ mod remove;
 mod replication;
 mod segments;
 mod service;
+mod stats;
 pub mod strategy;
 pub mod tasks;
 mod upsert;
@@ -43,5 +44,6 @@ pub use segments::SegmentUsage;
 pub use service::{
     AccountingReport, MasterService, PutTimeoutReport, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES,
 };
+pub use stats::{MasterCounters, ObjectCensus};
 pub use strategy::AllocationStrategy;
 pub use tasks::TaskLimits;

@@ -92,6 +92,8 @@ pub struct MasterService {
     pub(crate) eviction_lock: Mutex<()>,
     /// Candidate count of the last global census (capacity hint for the next one).
     pub(crate) census_hint: std::sync::atomic::AtomicUsize,
+    /// Event counters for `/metrics`.
+    pub(crate) counters: crate::stats::MasterCounters,
 }
 
 impl fmt::Debug for MasterService {
@@ -122,6 +124,7 @@ impl MasterService {
             tasks: Mutex::new(TaskManager::default()),
             eviction_lock: Mutex::new(()),
             census_hint: std::sync::atomic::AtomicUsize::new(0),
+            counters: crate::stats::MasterCounters::default(),
         })
     }
 
@@ -347,6 +350,7 @@ impl MasterService {
     /// Moves replicas to the discarded list, to be freed at `release_at_ms`.
     pub(crate) fn discard(&self, replicas: Vec<Replica>, release_at_ms: u64) {
         if !replicas.is_empty() {
+            self.counters.count_discard();
             self.discarded.lock().push(Discarded {
                 release_at_ms,
                 replicas,
@@ -363,6 +367,7 @@ impl MasterService {
             *list = keep;
             due
         };
+        self.counters.count_releases(due.len());
         due.iter().map(|d| d.replicas.len()).sum()
     }
 

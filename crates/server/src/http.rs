@@ -181,7 +181,11 @@ fn escape_label(value: &str) -> String {
 }
 
 async fn summary(State(state): State<AdminState>) -> Response {
-    let master = &state.master;
+    text(format!("{}\n", summary_text(&state.master)))
+}
+
+/// The `/metrics/summary` line (also logged every 10 s with `--enable_metric_reporting`).
+pub fn summary_text(master: &MasterService) -> String {
     let usage = master.segment_usage();
     let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
     let capacity = master.total_capacity_bytes();
@@ -190,13 +194,13 @@ async fn summary(State(state): State<AdminState>) -> Response {
     } else {
         allocated as f64 * 100.0 / capacity as f64
     };
-    text(format!(
-        "role=leader, state=serving, service_ready=true, master={{Mem Storage: {} / {} ({percent:.1}%) | Keys: {} | Segments: {}}}\n",
+    format!(
+        "role=leader, state=serving, service_ready=true, master={{Mem Storage: {} / {} ({percent:.1}%) | Keys: {} | Segments: {}}}",
         format_size(allocated),
         format_size(capacity),
         master.object_count(),
         usage.len(),
-    ))
+    )
 }
 
 async fn health(State(state): State<AdminState>) -> Response {
