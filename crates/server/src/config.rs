@@ -20,7 +20,9 @@ use std::path::PathBuf;
 use thiserror::Error;
 
 use crate::flags::{apply_file, notice, parse_command_line, read_config_file};
-pub use crate::flags::{find_flag, FlagSpec, FlagType, FlagValue, Origin, Status};
+pub use crate::flags::{
+    find_flag, flag_table_markdown, help_text, FlagSpec, FlagType, FlagValue, Origin, Status,
+};
 
 /// Why a configuration was refused at start-up (or what to print instead of starting).
 #[derive(Debug, Error)]
@@ -1065,6 +1067,29 @@ mod tests {
         assert_eq!(filter(&["--minloglevel=2"]), "error");
         assert_eq!(filter(&["--v=1"]), "debug");
         assert_eq!(filter(&["--v=3"]), "trace");
+    }
+
+    /// `MC_WRITE_DOCS=1 cargo test -p mooncake-server docs_carry` rewrites the doc's table.
+    #[test]
+    fn docs_carry_the_flag_table() {
+        const BEGIN: &str = "<!-- flag table: generated from crates/server/src/config.rs -->\n";
+        const END: &str = "<!-- end of flag table -->";
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/master-server.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let start = doc.find(BEGIN).expect("begin marker") + BEGIN.len();
+        let end = doc.find(END).expect("end marker");
+        let table = flag_table_markdown();
+        if std::env::var_os("MC_WRITE_DOCS").is_some() {
+            let updated = format!("{}{table}{}", &doc[..start], &doc[end..]);
+            std::fs::write(&path, updated).unwrap();
+        } else {
+            assert_eq!(
+                &doc[start..end],
+                table,
+                "docs/master-server.md's flag table is stale: rerun with MC_WRITE_DOCS=1"
+            );
+        }
     }
 
     #[test]

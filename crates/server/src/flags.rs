@@ -790,7 +790,8 @@ pub fn help_text(filter: Option<&str>) -> String {
          Run the mooncake-rs master (metadata service). Flags are upstream mooncake_master's \
          (gflags syntax: -name or --name, =value or a following argument, --noname for booleans).\n",
     );
-    let sections: [(&str, fn(&FlagSpec) -> bool); 4] = [
+    type Keep = fn(&FlagSpec) -> bool;
+    let sections: [(&str, Keep); 4] = [
         ("Flags mooncake-rs honours", |f| {
             f.status == Status::Honoured && f.origin != Origin::Ours
         }),
@@ -808,7 +809,7 @@ pub fn help_text(filter: Option<&str>) -> String {
         let flags: Vec<&FlagSpec> = FLAGS
             .iter()
             .filter(|f| keep(f))
-            .filter(|f| filter.map_or(true, |s| f.name.contains(s)))
+            .filter(|f| filter.is_none_or(|s| f.name.contains(s)))
             .collect();
         if flags.is_empty() {
             continue;
@@ -833,6 +834,34 @@ pub fn help_text(filter: Option<&str>) -> String {
                 f.help
             );
         }
+    }
+    out
+}
+
+/// The flag table as Markdown (docs/master-server.md carries it between markers; a test keeps
+/// the two equal).
+pub fn flag_table_markdown() -> String {
+    use std::fmt::Write as _;
+    let mut out = String::from("| flag | type | default | mooncake-rs |\n|---|---|---|---|\n");
+    for f in FLAGS.iter() {
+        let status = match (f.status, f.origin) {
+            (Status::Honoured, Origin::Ours) => "honoured (ours; not upstream)".to_string(),
+            (Status::Honoured, _) => "honoured".to_string(),
+            (Status::Refused(feature), _) => {
+                format!("default only; other values refused ({feature})")
+            }
+            (Status::Inert(feature), _) => format!("accepted, no effect ({feature})"),
+        };
+        let name = if f.aliases.is_empty() {
+            format!("`{}`", f.name)
+        } else {
+            format!("`{}` (`{}`)", f.name, f.aliases.join("`, `"))
+        };
+        let default = match f.default_text() {
+            "" => "\"\"".to_string(),
+            d => format!("`{d}`"),
+        };
+        let _ = writeln!(out, "| {name} | {} | {default} | {status} |", f.ty.name());
     }
     out
 }

@@ -209,8 +209,11 @@ impl RunningMaster {
             EVICTION_PERIOD,
             move |m| {
                 let report = m.run_eviction_once();
+                use std::sync::atomic::Ordering::Relaxed;
+                if report.triggered {
+                    counters.eviction_attempts.fetch_add(1, Relaxed);
+                }
                 if report.evicted_objects > 0 {
-                    use std::sync::atomic::Ordering::Relaxed;
                     counters.eviction_cycles.fetch_add(1, Relaxed);
                     counters
                         .evicted_objects
