@@ -159,7 +159,7 @@ master_flags! {
         "Maximum number of threads to use (deprecated, use rpc_thread_num)";
     rpc_conn_timeout_seconds: u64 = 0, Master Int32, HONOURED,
         "Connection timeout in seconds (0 = no timeout)";
-    rpc_enable_tcp_no_delay: bool = true, Master Bool, Status::Refused(NO_DELAY_OFF),
+    rpc_enable_tcp_no_delay: bool = true, Master Bool, HONOURED,
         "Enable TCP_NODELAY for RPC connections";
     rpc_interface: String = "", Master String, Status::Refused(RPC_INTERFACE),
         "Network interface name for RPC server address resolution. When set, its IPv4 address overrides rpc_address";
@@ -528,6 +528,12 @@ impl MasterConfig {
                 _ => None,
             })
             .collect();
+        if !self.rpc_enable_tcp_no_delay {
+            lines.push(format!(
+                "--rpc_enable_tcp_no_delay=false: not supported by mooncake-rs ({NO_DELAY_OFF}; \
+                 TCP_NODELAY is always on)"
+            ));
+        }
         if let Some((_, feature)) = STRATEGIES_NOT_BUILT
             .iter()
             .find(|(s, _)| *s == self.allocation_strategy)
@@ -797,6 +803,8 @@ mod tests {
         );
         let err = load(&["--allocation_strategy=cxl"]).unwrap_err();
         assert!(err.to_string().contains("CXL memory"), "{err}");
+        let err = load(&["--rpc_enable_tcp_no_delay=false"]).unwrap_err();
+        assert!(err.to_string().contains("TCP_NODELAY is always on"), "{err}");
         let err = load(&["--rpc_interface=eth0"]).unwrap_err();
         assert!(err.to_string().contains("--rpc_interface=eth0"), "{err}");
     }
