@@ -1,12 +1,13 @@
-//! Fuzzes the master protocol's decoders: frames (`FrameDecoder`) and every request body a
-//! server accepts. Nothing may panic; an accepted frame never exceeds the limit and re-encodes
-//! to the same bytes; an accepted body re-encodes and decodes to the same value.
+//! Fuzzes the master protocol's decoders: frames (`FrameDecoder`), request bodies (request
+//! frames) and reply bodies (response frames: replica descriptors, upstream enums, error codes).
+//! Nothing may panic; an accepted frame never exceeds the limit and re-encodes to the same
+//! bytes; an accepted body re-encodes and decodes to the same value.
 #![no_main]
 
 use bytes::BytesMut;
 use libfuzzer_sys::fuzz_target;
 use mooncake_proto::methods as m;
-use mooncake_proto::{decode, encode, encode_frame, FrameDecoder, Method};
+use mooncake_proto::{decode, encode, encode_frame, FrameDecoder, FrameKind, Method, Reply};
 
 fn body_round_trips<M: Method + PartialEq + std::fmt::Debug>(body: &[u8]) {
     if let Ok(request) = decode::<M>(body) {
@@ -14,6 +15,17 @@ fn body_round_trips<M: Method + PartialEq + std::fmt::Debug>(body: &[u8]) {
         let again: M = decode(&bytes).expect("a re-encoded request decodes");
         assert_eq!(again, request);
         let _ = request.check_limits(&mooncake_proto::Limits::default());
+    }
+}
+
+fn reply_round_trips<M: Method>(body: &[u8])
+where
+    M::Output: PartialEq + std::fmt::Debug,
+{
+    if let Ok(reply) = decode::<Reply<M>>(body) {
+        let bytes = encode(&reply).expect("an accepted reply re-encodes");
+        let again: Reply<M> = decode(&bytes).expect("a re-encoded reply decodes");
+        assert_eq!(again, reply);
     }
 }
 
@@ -26,6 +38,17 @@ fuzz_target!(|data: &[u8]| {
         encode_frame(&mut out, frame.header, &frame.body);
         assert_eq!(out.len(), frame.body.len() + mooncake_proto::HEADER_BYTES);
         let body = &frame.body[..];
+        if frame.header.kind == FrameKind::Response {
+            match frame.header.method % 6 {
+                0 => reply_round_trips::<m::GetReplicaList>(body),
+                1 => reply_round_trips::<m::BatchGetReplicaList>(body),
+                2 => reply_round_trips::<m::BatchPutStart>(body),
+                3 => reply_round_trips::<m::Ping>(body),
+                4 => reply_round_trips::<m::QueryTask>(body),
+                _ => reply_round_trips::<m::FetchTasks>(body),
+            }
+            continue;
+        }
         match frame.header.method % 8 {
             0 => body_round_trips::<m::PutStart>(body),
             1 => body_round_trips::<m::BatchExistKey>(body),

@@ -1,5 +1,6 @@
 //! Reading Python buffer-protocol objects (bytes, bytearray, memoryview, numpy arrays) without a
-//! copy, and the memory behind `get_buffer` handles.
+//! copy, caller memory given by address (upstream's zero-copy calls), and the memory behind
+//! `get_buffer` handles.
 //!
 //! PyO3 offers the buffer protocol only outside the 3.9 limited API, so the two functions are
 //! declared here. `PyObject_GetBuffer`/`PyBuffer_Release` and the `Py_buffer` layout are part of
@@ -10,6 +11,8 @@ use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::os::raw::{c_char, c_int, c_void};
+
+use crate::codes::INVALID;
 
 /// CPython's `Py_buffer`.
 #[repr(C)]
@@ -162,4 +165,33 @@ impl NativeBuffer {
     fn __len__(&self) -> usize {
         self.len
     }
+}
+
+/// Caller memory `[ptr, ptr+size)` as a slice, or INVALID_PARAMS for a null pointer / bad size.
+///
+/// # Safety
+/// The caller (Python code) promises the range is readable for the duration of the call, as
+/// upstream's zero-copy API requires.
+pub(crate) unsafe fn raw_slice<'a>(ptr: usize, size: usize) -> Result<&'a [u8], i32> {
+    if size == 0 {
+        return Ok(&[]);
+    }
+    if ptr == 0 || size > isize::MAX as usize || ptr.checked_add(size).is_none() {
+        return Err(INVALID);
+    }
+    // SAFETY: forwarded to the caller's contract; non-null and in range checked above.
+    Ok(unsafe { std::slice::from_raw_parts(ptr as *const u8, size) })
+}
+
+/// # Safety
+/// As [`raw_slice`], and writable.
+pub(crate) unsafe fn raw_slice_mut<'a>(ptr: usize, size: usize) -> Result<&'a mut [u8], i32> {
+    if size == 0 {
+        return Ok(&mut []);
+    }
+    if ptr == 0 || size > isize::MAX as usize || ptr.checked_add(size).is_none() {
+        return Err(INVALID);
+    }
+    // SAFETY: forwarded to the caller's contract; non-null and in range checked above.
+    Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) })
 }

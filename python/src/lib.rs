@@ -2,14 +2,24 @@
 //! Mooncake's method names, arguments and return conventions, over `mooncake_client::StoreClient`;
 //! plus `run_master` so `python -m mooncake_rs.master` can run a master without other binaries.
 //!
+//! Files: `store.rs` (the `MooncakeDistributedStore` class: one thin method per upstream call),
+//! `writes.rs` (the put and upsert families, which differ only in `WriteMode`), `landing.rs`
+//! (reads landing in `bytes` objects and caller buffers), `setup.rs` (setup's arguments and
+//! connecting), `buffer.rs` (buffer-protocol views and caller memory by address), `codes.rs`
+//! (upstream's return codes), `config.rs` (ReplicateConfig and the descriptor classes).
+//! The binding talks to the cluster only through `mooncake_client`.
+//!
 //! Owns: argument conversion, GIL release around every cluster call, upstream's return codes.
 //! Must never: hold the GIL while waiting on the network, fake a success the client did not
 //! report, or keep a pointer to caller memory after a call returns.
 
 mod buffer;
+mod codes;
 mod config;
+mod landing;
 mod setup;
 mod store;
+mod writes;
 
 use pyo3::prelude::*;
 

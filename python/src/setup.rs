@@ -1,9 +1,15 @@
-//! Parsing of `setup(...)`'s arguments: upstream's positional/keyword form and its dict form.
+//! `setup(...)`: parsing its arguments (upstream's positional/keyword form and its dict form),
+//! the `MC_RS_*` environment settings, and connecting the store client they describe.
 
-use mooncake_common::parse_size;
+use std::time::Duration;
+
+use mooncake_client::{StoreClient, StoreConfig, TransportMode};
+use mooncake_common::{parse_size, ErrorCode};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
 use pyo3::types::{PyBool, PyDict, PyInt, PyString, PyTuple};
+
+use crate::codes::code_of;
 
 /// Upstream's parameter names, in positional order.
 pub const PARAMS: [&str; 13] = [
@@ -256,4 +262,109 @@ pub fn parse(values: &Bound<'_, PyDict>) -> PyResult<Result<SetupParams, Invalid
         master_server_addr,
         tenant_id,
     }))
+}
+
+/// Upper bound of `setup` (connect + mount), whatever the master does.
+const SETUP_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// The `MC_RS_*` environment settings of `setup` (read with the GIL held: a bad value is logged).
+#[derive(Debug, Clone, Copy)]
+pub struct EnvSettings {
+    /// `MC_RS_IO_THREADS`: workers of the store's runtime (default 2).
+    io_threads: usize,
+    /// `MC_RS_TRANSPORT`: auto, tcp or shm.
+    transport: TransportMode,
+    /// `MC_RS_VERIFY_CHECKSUMS`: off with 0/false/off/no.
+    verify_checksums: bool,
+    /// `MC_RS_BUSY_POLL_US`: the master RPC's busy-poll window (0 = off; unset = the default).
+    busy_poll_us: Option<u64>,
+}
+
+impl EnvSettings {
+    pub fn read(py: Python<'_>) -> EnvSettings {
+        EnvSettings {
+            io_threads: env_setting::<usize>(py, "MC_RS_IO_THREADS", "a thread count")
+                .filter(|&n| n > 0)
+                .unwrap_or(2),
+            transport: env_setting(py, "MC_RS_TRANSPORT", "auto, tcp or shm").unwrap_or_default(),
+            verify_checksums: std::env::var("MC_RS_VERIFY_CHECKSUMS")
+                .map(|v| !matches!(v.trim(), "0" | "false" | "off" | "no"))
+                .unwrap_or(true),
+            busy_poll_us: env_setting::<u64>(py, "MC_RS_BUSY_POLL_US", "microseconds"),
+        }
+    }
+}
+
+/// Starts the store's runtime and connects its client (GIL released): the runtime and client,
+/// or upstream's code and a message for the log.
+pub fn connect(
+    params: &SetupParams,
+    settings: EnvSettings,
+) -> Result<(tokio::runtime::Runtime, StoreClient), (i32, String)> {
+    let tenant = if params.tenant_id.is_empty() {
+        "default".to_string()
+    } else {
+        params.tenant_id.clone()
+    };
+    let mut config = StoreConfig {
+        master_addr: params.master_server_addr.clone(),
+        local_hostname: params.local_hostname.clone(),
+        global_segment_size: params.global_segment_size,
+        local_buffer_size: params.local_buffer_size,
+        protocol: "tcp".to_string(),
+        tenant,
+        transport: settings.transport,
+        verify_checksums: settings.verify_checksums,
+        ..StoreConfig::default()
+    };
+    if let Some(us) = settings.busy_poll_us {
+        config.rpc.busy_poll = (us > 0).then(|| Duration::from_micros(us));
+    }
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.io_threads)
+        .thread_name("mooncake-rs-io")
+        .enable_all()
+        .build()
+        .map_err(|e| (ErrorCode::INTERNAL_ERROR.as_i32(), e.to_string()))?;
+    let connected = runtime.block_on(async {
+        match tokio::time::timeout(SETUP_TIMEOUT, StoreClient::connect(config)).await {
+            Ok(Ok(client)) => Ok(client),
+            Ok(Err(error)) => Err((code_of(&error), error.to_string())),
+            Err(_) => Err((
+                ErrorCode::RPC_TIMEOUT.as_i32(),
+                format!("no answer within {} s", SETUP_TIMEOUT.as_secs()),
+            )),
+        }
+    })?;
+    Ok((runtime, connected))
+}
+
+/// Logs `message` at `level` on the `mooncake_rs` logger.
+pub(crate) fn log(py: Python<'_>, level: &str, message: &str) {
+    let _ = py
+        .import("logging")
+        .and_then(|l| l.call_method1("getLogger", ("mooncake_rs",)))
+        .and_then(|logger| logger.call_method1(level, (message,)));
+}
+
+/// The environment variable `name` parsed as `T`; `None` when unset or empty. A value that does
+/// not parse is logged as a warning (naming the variable and what it expects) and ignored, so the
+/// default applies.
+fn env_setting<T: std::str::FromStr>(py: Python<'_>, name: &str, expected: &str) -> Option<T> {
+    let raw = std::env::var(name).ok()?;
+    let value = raw.trim();
+    if value.is_empty() {
+        return None;
+    }
+    match value.parse() {
+        Ok(parsed) => Some(parsed),
+        Err(_) => {
+            log(
+                py,
+                "warning",
+                &format!("{name}={raw:?} is not {expected}: ignored, the default applies"),
+            );
+            None
+        }
+    }
 }

@@ -1,5 +1,11 @@
-//! Clients of a mooncake-rs cluster. Today: [`MasterClient`], the typed RPC client of the master.
-//! The store client (put/get through the transfer engine) builds on it.
+//! Clients of a mooncake-rs cluster.
+//!
+//! - [`MasterClient`] (`master_client.rs`): the typed RPC client of the master; every request is
+//!   built there, the two-phase writes once per [`WriteMode`].
+//! - [`StoreClient`] (`store/`): puts and gets through the transfer engine, on top of it; see the
+//!   `store` module for its files by concern (write and read legs, buffers, endpoints,
+//!   heartbeat).
+//! - [`BlockingStoreClient`] (`blocking.rs`): the same for code without an async runtime.
 //!
 //! Owns: request construction, error typing, connection reuse. Must never: interpret replica
 //! bytes it did not verify, or retry an operation that is not idempotent without saying so.
@@ -9,5 +15,7 @@ pub mod master_client;
 pub mod store;
 
 pub use blocking::BlockingStoreClient;
-pub use master_client::{MasterClient, MasterError};
+pub use master_client::{MasterClient, MasterError, WriteMode};
+/// The `StoreConfig::transport` choice, so users of the config need not name the transfer crate.
+pub use mooncake_transfer::TransportMode;
 pub use store::{PutOutcome, StoreClient, StoreConfig, StoreError};

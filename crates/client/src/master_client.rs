@@ -1,9 +1,12 @@
 //! `MasterClient`: typed, pipelined calls to the master over one reused connection.
 //!
 //! Every method of `mooncake_proto::methods` is one `call`; the convenience wrappers below cover
-//! what the store client uses. Errors are typed: a transport failure (`Rpc`, with `RPC_FAIL` or
-//! `RPC_TIMEOUT`) is kept apart from the master refusing the operation (`Master`, with upstream's
-//! code, e.g. `OBJECT_NOT_FOUND`).
+//! what the store client uses. The two-phase writes take a [`WriteMode`]: each start, end and
+//! revoke request (single and batch) of a put or an upsert is built in one method here.
+//!
+//! Errors are typed: a transport failure (`Rpc`, with `RPC_FAIL` or `RPC_TIMEOUT`) is kept apart
+//! from the master refusing the operation (`Master`, with upstream's code, e.g.
+//! `OBJECT_NOT_FOUND`).
 
 use mooncake_common::{
     ClientId, ErrorCode, GetReplicaListResponse, ObjectMeta, PingResponse, ReplicaDescriptor,
@@ -37,6 +40,26 @@ impl MasterError {
             MasterError::Codec(error) => error.code(),
         }
     }
+}
+
+/// Which two-phase write a request belongs to: a put (write-once: an existing key is refused
+/// with OBJECT_ALREADY_EXISTS) or an upsert (replace). The requests of both carry the same
+/// fields, except that the batch end and revoke of an upsert have no replica type.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriteMode {
+    Put,
+    Upsert,
+}
+
+/// Sends the put or the upsert form of one request. The two request types carry the same
+/// fields, so the request is written once: `call_by_mode!(self, mode, A or B { fields })`.
+macro_rules! call_by_mode {
+    ($client:ident, $mode:expr, $put:ident or $upsert:ident { $($field:ident),* $(,)? }) => {
+        match $mode {
+            WriteMode::Put => $client.call(&m::$put { $($field),* }).await,
+            WriteMode::Upsert => $client.call(&m::$upsert { $($field),* }).await,
+        }
+    };
 }
 
 /// A typed client of one master.
@@ -147,6 +170,128 @@ impl MasterClient {
         .await
     }
 
+    /// PutStart (or UpsertStart): allocates the replicas of `key`; the caller then writes them
+    /// and ends the write with [`MasterClient::write_end`] or [`MasterClient::write_revoke`].
+    pub async fn write_start(
+        &self,
+        mode: WriteMode,
+        client: ClientId,
+        key: &str,
+        value_len: u64,
+        config: &ReplicateConfig,
+        tenant: &str,
+    ) -> Result<Vec<ReplicaDescriptor>, MasterError> {
+        let (key, config, tenant) = (key.to_string(), config.clone(), tenant.to_string());
+        call_by_mode!(self, mode, PutStart or UpsertStart {
+            client, key, value_len, config, tenant
+        })
+    }
+
+    /// PutEnd (or UpsertEnd) of every replica: the object becomes readable.
+    pub async fn write_end(
+        &self,
+        mode: WriteMode,
+        client: ClientId,
+        meta: ObjectMeta,
+        tenant: &str,
+    ) -> Result<(), MasterError> {
+        let (replica_type, tenant) = (ReplicaType::ALL, tenant.to_string());
+        call_by_mode!(self, mode, PutEnd or UpsertEnd { client, meta, replica_type, tenant })
+    }
+
+    /// PutRevoke (or UpsertRevoke) of every replica: the write is abandoned.
+    pub async fn write_revoke(
+        &self,
+        mode: WriteMode,
+        client: ClientId,
+        key: &str,
+        tenant: &str,
+    ) -> Result<(), MasterError> {
+        let (key, replica_type, tenant) = (key.to_string(), ReplicaType::ALL, tenant.to_string());
+        call_by_mode!(self, mode, PutRevoke or UpsertRevoke { client, key, replica_type, tenant })
+    }
+
+    /// BatchPutStart (or BatchUpsertStart): one answer per key, in order.
+    pub async fn batch_write_start(
+        &self,
+        mode: WriteMode,
+        client: ClientId,
+        keys: Vec<String>,
+        value_lens: Vec<u64>,
+        config: &ReplicateConfig,
+        tenant: &str,
+    ) -> Result<Vec<Result<Vec<ReplicaDescriptor>, ErrorCode>>, MasterError> {
+        let (config, tenant) = (config.clone(), tenant.to_string());
+        call_by_mode!(self, mode, BatchPutStart or BatchUpsertStart {
+            client, keys, value_lens, config, tenant
+        })
+    }
+
+    /// BatchPutEnd (or BatchUpsertEnd, which carries no replica type: it ends every replica):
+    /// one answer per meta, in order.
+    pub async fn batch_write_end(
+        &self,
+        mode: WriteMode,
+        client: ClientId,
+        metas: Vec<ObjectMeta>,
+        tenant: &str,
+    ) -> Result<Vec<Result<(), ErrorCode>>, MasterError> {
+        let tenant = tenant.to_string();
+        match mode {
+            WriteMode::Put => {
+                let replica_type = ReplicaType::ALL;
+                let request = m::BatchPutEnd {
+                    client,
+                    metas,
+                    replica_type,
+                    tenant,
+                };
+                self.call(&request).await
+            }
+            WriteMode::Upsert => {
+                self.call(&m::BatchUpsertEnd {
+                    client,
+                    metas,
+                    tenant,
+                })
+                .await
+            }
+        }
+    }
+
+    /// BatchPutRevoke (or BatchUpsertRevoke, which carries no replica type: it revokes every
+    /// replica): one answer per key, in order.
+    pub async fn batch_write_revoke(
+        &self,
+        mode: WriteMode,
+        client: ClientId,
+        keys: Vec<String>,
+        tenant: &str,
+    ) -> Result<Vec<Result<(), ErrorCode>>, MasterError> {
+        let tenant = tenant.to_string();
+        match mode {
+            WriteMode::Put => {
+                let replica_type = ReplicaType::ALL;
+                let request = m::BatchPutRevoke {
+                    client,
+                    keys,
+                    replica_type,
+                    tenant,
+                };
+                self.call(&request).await
+            }
+            WriteMode::Upsert => {
+                self.call(&m::BatchUpsertRevoke {
+                    client,
+                    keys,
+                    tenant,
+                })
+                .await
+            }
+        }
+    }
+
+    /// [`MasterClient::write_start`] of a put.
     pub async fn put_start(
         &self,
         client: ClientId,
@@ -155,44 +300,18 @@ impl MasterClient {
         config: &ReplicateConfig,
         tenant: &str,
     ) -> Result<Vec<ReplicaDescriptor>, MasterError> {
-        self.call(&m::PutStart {
-            client,
-            key: key.to_string(),
-            value_len,
-            config: config.clone(),
-            tenant: tenant.to_string(),
-        })
-        .await
+        self.write_start(WriteMode::Put, client, key, value_len, config, tenant)
+            .await
     }
 
+    /// [`MasterClient::write_end`] of a put.
     pub async fn put_end(
         &self,
         client: ClientId,
         meta: ObjectMeta,
         tenant: &str,
     ) -> Result<(), MasterError> {
-        self.call(&m::PutEnd {
-            client,
-            meta,
-            replica_type: ReplicaType::ALL,
-            tenant: tenant.to_string(),
-        })
-        .await
-    }
-
-    pub async fn put_revoke(
-        &self,
-        client: ClientId,
-        key: &str,
-        tenant: &str,
-    ) -> Result<(), MasterError> {
-        self.call(&m::PutRevoke {
-            client,
-            key: key.to_string(),
-            replica_type: ReplicaType::ALL,
-            tenant: tenant.to_string(),
-        })
-        .await
+        self.write_end(WriteMode::Put, client, meta, tenant).await
     }
 
     pub async fn remove(&self, key: &str, force: bool, tenant: &str) -> Result<(), MasterError> {
@@ -213,6 +332,38 @@ impl MasterClient {
         self.call(&m::BatchRemove {
             keys,
             force,
+            tenant: tenant.to_string(),
+        })
+        .await
+    }
+
+    pub async fn remove_by_regex(
+        &self,
+        regex: &str,
+        force: bool,
+        tenant: &str,
+    ) -> Result<i64, MasterError> {
+        self.call(&m::RemoveByRegex {
+            regex: regex.to_string(),
+            force,
+            tenant: tenant.to_string(),
+        })
+        .await
+    }
+
+    /// Drops `client`'s replicas of `keys` on `segment_name` ("" = every segment) whose read
+    /// lease expired; returns the keys cleared.
+    pub async fn batch_replica_clear(
+        &self,
+        keys: Vec<String>,
+        client: ClientId,
+        segment_name: &str,
+        tenant: &str,
+    ) -> Result<Vec<String>, MasterError> {
+        self.call(&m::BatchReplicaClear {
+            keys,
+            client,
+            segment_name: segment_name.to_string(),
             tenant: tenant.to_string(),
         })
         .await

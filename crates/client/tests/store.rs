@@ -524,3 +524,37 @@ async fn corrupted_bytes_are_refused_by_every_read_path() {
     }
     master.shutdown().await;
 }
+
+/// The metadata helpers the Python binding uses: `batch_get_replica_desc` answers each key in
+/// order (a missing one with its code) and `segment_name` names the client's segment, or its
+/// endpoint's `host:port` when it contributes none.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replica_descriptors_by_batch_and_segment_names() {
+    let master = start_master().await;
+    let a = node(&master, 16 << 20, TransportMode::Auto).await;
+    let reader = node(&master, 0, TransportMode::Auto).await;
+    assert_eq!(a.segment_name(), a.segments()[0].name);
+    assert!(reader.segments().is_empty());
+    let name = reader.segment_name();
+    assert!(name.starts_with("127.0.0.1:"), "{name}");
+    assert!(
+        reader.endpoint().contains(&name),
+        "{name} {}",
+        reader.endpoint()
+    );
+    let config = ReplicateConfig::default();
+    reader.put("d/1", &pattern(3000, 9), &config).await.unwrap();
+    let answers = reader
+        .batch_get_replica_desc(&["d/1", "d/missing"])
+        .await
+        .unwrap();
+    assert_eq!(answers.len(), 2);
+    let replicas = answers[0].as_ref().unwrap();
+    assert_eq!(replicas, &reader.get_replica_desc("d/1").await.unwrap());
+    assert_eq!(replicas.len(), 1);
+    assert_eq!(answers[1], Err(ErrorCode::OBJECT_NOT_FOUND));
+    assert!(reader.batch_get_replica_desc(&[]).await.unwrap().is_empty());
+    reader.close().await.unwrap();
+    a.close().await.unwrap();
+    master.shutdown().await;
+}

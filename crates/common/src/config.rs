@@ -2,32 +2,30 @@
 
 use serde::{Deserialize, Serialize};
 
-/// What a put does to the object's soft pin (upstream numbers).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
-#[repr(u8)]
-pub enum SoftPinAction {
-    /// Keep whatever deadline the object has (none for a new object). A TTL with PRESERVE is
-    /// `INVALID_PARAMS`.
-    #[default]
-    Preserve = 0,
-    /// Pin for `soft_pin_ttl_ms`, or the master's `default_kv_soft_pin_ttl` when absent.
-    Enable = 1,
-    /// Clear the pin. A TTL with DISABLE is `INVALID_PARAMS`.
-    Disable = 2,
-}
+use crate::numbered::numbered_enum;
+
+numbered_enum!(
+    /// What a put does to the object's soft pin (upstream numbers).
+    #[derive(Default)]
+    SoftPinAction: u8 (U8) {
+        /// Keep whatever deadline the object has (none for a new object). A TTL with PRESERVE is
+        /// `INVALID_PARAMS`.
+        #[default]
+        Preserve = 0 => "PRESERVE",
+        /// Pin for `soft_pin_ttl_ms`, or the master's `default_kv_soft_pin_ttl` when absent.
+        Enable = 1 => "ENABLE",
+        /// Clear the pin. A TTL with DISABLE is `INVALID_PARAMS`.
+        Disable = 2 => "DISABLE",
+    }
+);
 
 impl SoftPinAction {
     pub const fn as_u8(self) -> u8 {
-        self as u8
+        self.as_number()
     }
 
     pub const fn from_u8(value: u8) -> Option<Self> {
-        match value {
-            0 => Some(SoftPinAction::Preserve),
-            1 => Some(SoftPinAction::Enable),
-            2 => Some(SoftPinAction::Disable),
-            _ => None,
-        }
+        Self::from_number(value)
     }
 }
 

@@ -3,14 +3,14 @@
 //! Python callers and logs see these numbers, so they must never change. The list is the one in
 //! `spec/master.md` §15 (upstream `rpc_types`/`types.h`).
 
-use serde::{Deserialize, Serialize};
+use crate::numbered::{upstream_serde, Repr, UpstreamNumber};
 
 macro_rules! error_codes {
     ($( $(#[$doc:meta])* $name:ident = $value:expr ),+ $(,)?) => {
         /// An upstream error code. `OK` (0) is included so that a code can round-trip
         /// through `i32` unchanged; APIs return `Result<T, ErrorCode>` and never `Err(Ok)`.
         #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
         #[repr(i32)]
         pub enum ErrorCode {
             $( $(#[$doc])* $name = $value, )+
@@ -123,6 +123,34 @@ error_codes! {
     TENANT_NOT_REGISTERED = -1701,
     TENANT_NOT_EMPTY = -1702,
 }
+
+/// Serialized as its `i32` (binary formats) or its name (human-readable ones). The set is open:
+/// a peer of a newer version may send a code this build does not define, which decodes as
+/// `INTERNAL_ERROR` (the answer stays an error; the exact code is lost).
+impl UpstreamNumber for ErrorCode {
+    const TYPE_NAME: &'static str = "ErrorCode";
+    const ALL_VALUES: &'static [Self] = ErrorCode::ALL;
+    const FALLBACK: Option<Self> = Some(ErrorCode::INTERNAL_ERROR);
+    const REPR: Repr = Repr::I32;
+
+    fn number(self) -> i64 {
+        i64::from(self.as_i32())
+    }
+
+    fn upstream_name(self) -> &'static str {
+        self.name()
+    }
+
+    fn with_number(number: i64) -> Option<Self> {
+        i32::try_from(number).ok().and_then(ErrorCode::from_i32)
+    }
+
+    fn with_name(name: &str) -> Option<Self> {
+        ErrorCode::from_name(name)
+    }
+}
+
+upstream_serde!(ErrorCode);
 
 impl ErrorCode {
     /// True for `OK`.

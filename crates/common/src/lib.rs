@@ -1,6 +1,7 @@
 //! Types shared by every mooncake-rs crate: upstream's error codes, size units, ids, tenants,
 //! replicate configs, replica descriptors, segments and clocks. Every type that an RPC will carry
-//! derives serde's `Serialize`/`Deserialize`.
+//! implements serde's `Serialize`/`Deserialize`; enums that stand for upstream's numbers travel
+//! as those numbers (`numbered`), never as their declaration index.
 //!
 //! This crate owns vocabulary only. It must never do I/O, spawn threads or depend on another
 //! mooncake crate.
@@ -10,6 +11,7 @@ pub mod clock;
 pub mod config;
 pub mod error;
 pub mod ids;
+pub mod numbered;
 pub mod replica;
 pub mod segment;
 pub mod task;

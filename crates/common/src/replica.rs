@@ -9,41 +9,12 @@ use std::sync::Arc;
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ClientId, ReplicaId};
-
-macro_rules! numbered_enum {
-    ($(#[$doc:meta])* $name:ident : $repr:ty { $( $(#[$vdoc:meta])* $variant:ident = $value:expr ),+ $(,)? }) => {
-        $(#[$doc])*
-        #[allow(non_camel_case_types, clippy::upper_case_acronyms)]
-        #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-        #[repr($repr)]
-        pub enum $name {
-            $( $(#[$vdoc])* $variant = $value, )+
-        }
-
-        impl $name {
-            /// Every value, in declaration order.
-            pub const VALUES: &'static [$name] = &[ $( $name::$variant, )+ ];
-
-            /// Upstream's number.
-            pub const fn as_number(self) -> $repr {
-                self as $repr
-            }
-
-            /// The value with upstream's number, if any.
-            pub const fn from_number(value: $repr) -> Option<Self> {
-                match value {
-                    $( v if v == $value => Some($name::$variant), )+
-                    _ => None,
-                }
-            }
-        }
-    };
-}
+use crate::numbered::numbered_enum;
 
 numbered_enum!(
     /// Medium of a replica (upstream numbers). `ALL` is only a PutEnd/PutRevoke selector meaning
     /// MEMORY + NoF + DFS; it does not include DISK or LOCAL_DISK.
-    ReplicaType: i32 {
+    ReplicaType: i32 (I32) {
         MEMORY = 0,
         DISK = 1,
         LOCAL_DISK = 2,
@@ -56,7 +27,7 @@ numbered_enum!(
 numbered_enum!(
     /// A replica's state. The master creates MEMORY/NoF/DISK/DFS replicas PROCESSING and flips them
     /// to COMPLETE at PutEnd; INITIALIZED and FAILED exist for wire compatibility only.
-    ReplicaStatus: i32 {
+    ReplicaStatus: i32 (I32) {
         UNDEFINED = 0,
         INITIALIZED = 1,
         PROCESSING = 2,
@@ -68,7 +39,7 @@ numbered_enum!(
 
 numbered_enum!(
     /// A mounted segment's state. Only OK segments take new allocations.
-    SegmentStatus: i32 {
+    SegmentStatus: i32 (I32) {
         UNDEFINED = 0,
         OK = 1,
         DRAINING = 2,
@@ -80,7 +51,7 @@ numbered_enum!(
 
 numbered_enum!(
     /// What a Ping tells a client: OK, or re-mount your segments.
-    ClientStatus: i32 {
+    ClientStatus: i32 (I32) {
         UNDEFINED = 0,
         OK = 1,
         NEED_REMOUNT = 2,

@@ -3,25 +3,28 @@
 use serde::{Deserialize, Serialize};
 
 use crate::ids::{ClientId, TaskId};
+use crate::numbered::numbered_enum;
 use crate::replica::ReplicaDescriptor;
 
-/// What a client-executed task does.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum TaskType {
-    /// Copy the object's replica to new target segments (CopyStart/End).
-    ReplicaCopy,
-    /// Move the replica from the source segment to the target (MoveStart/End).
-    ReplicaMove,
-}
+numbered_enum!(
+    /// What a client-executed task does (upstream numbers).
+    TaskType: i32 (I32) {
+        /// Copy the object's replica to new target segments (CopyStart/End).
+        ReplicaCopy = 0 => "REPLICA_COPY",
+        /// Move the replica from the source segment to the target (MoveStart/End).
+        ReplicaMove = 1 => "REPLICA_MOVE",
+    }
+);
 
-/// A task's state.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
-pub enum TaskStatus {
-    Pending,
-    Processing,
-    Success,
-    Failed,
-}
+numbered_enum!(
+    /// A task's state (upstream numbers: FAILED is 2, SUCCESS 3).
+    TaskStatus: i32 (I32) {
+        Pending = 0 => "PENDING",
+        Processing = 1 => "PROCESSING",
+        Failed = 2 => "FAILED",
+        Success = 3 => "SUCCESS",
+    }
+);
 
 /// What FetchTasks hands a client: the work to do.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -70,4 +73,21 @@ pub struct CopyStartResponse {
 pub struct MoveStartResponse {
     pub source: ReplicaDescriptor,
     pub target: Option<ReplicaDescriptor>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn upstream_numbers() {
+        assert_eq!(TaskType::ReplicaCopy.as_number(), 0);
+        assert_eq!(TaskType::ReplicaMove.as_number(), 1);
+        assert_eq!(TaskStatus::Pending.as_number(), 0);
+        assert_eq!(TaskStatus::Processing.as_number(), 1);
+        assert_eq!(TaskStatus::Failed.as_number(), 2);
+        assert_eq!(TaskStatus::Success.as_number(), 3);
+        assert_eq!(TaskStatus::from_number(4), None);
+        assert_eq!(TaskStatus::Success.name(), "SUCCESS");
+    }
 }

@@ -1,7 +1,8 @@
-//! Body codec: postcard (compact varints, serde) with explicit limits.
+//! Body codec: postcard (compact varints, serde) with explicit limits. `docs/wire.md` describes
+//! the byte layout of the bodies.
 
 use bytes::{BufMut, BytesMut};
-use mooncake_common::ErrorCode;
+use mooncake_common::{numbered, ErrorCode};
 use serde::de::DeserializeOwned;
 use serde::Serialize;
 use thiserror::Error;
@@ -38,10 +39,16 @@ pub fn encode<T: Serialize + ?Sized>(value: &T) -> Result<BytesMut, CodecError> 
     Ok(out)
 }
 
-/// Decodes a whole body; trailing bytes are an error (a body is exactly one value).
+/// Decodes a whole body; trailing bytes are an error (a body is exactly one value). A number
+/// that an upstream enum does not define is named in the error (`unknown ReplicaType number 7`).
 pub fn decode<T: DeserializeOwned>(body: &[u8]) -> Result<T, CodecError> {
+    // postcard drops serde's error messages; the enums leave what they refused here instead.
+    let _stale = numbered::take_refused();
     let (value, rest) =
-        postcard::take_from_bytes(body).map_err(|e| CodecError::Decode(e.to_string()))?;
+        postcard::take_from_bytes(body).map_err(|e| match numbered::take_refused() {
+            Some(refused) => CodecError::Decode(refused.to_string()),
+            None => CodecError::Decode(e.to_string()),
+        })?;
     if !rest.is_empty() {
         return Err(CodecError::Decode(format!("{} trailing bytes", rest.len())));
     }

@@ -266,7 +266,7 @@ fn scan_data(file: &File, config: &BackendConfig) -> Result<(Vec<Op>, u64), Stor
         ) else {
             break;
         };
-        let end = at + header.record_bytes();
+        let end = at.saturating_add(header.record_bytes());
         if end > file_len || header.key_len == 0 {
             break;
         }

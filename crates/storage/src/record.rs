@@ -130,9 +130,11 @@ impl RecordHeader {
         })
     }
 
-    /// Total bytes of the record on disk.
+    /// Total bytes of the record on disk. Saturates: a header read from disk may claim a
+    /// `value_len` near `u64::MAX` when the configured limit allows it, and the callers compare
+    /// this against a file length.
     pub fn record_bytes(&self) -> u64 {
-        HEADER_BYTES as u64 + self.key_len as u64 + self.value_len
+        (HEADER_BYTES as u64 + u64::from(self.key_len)).saturating_add(self.value_len)
     }
 
     pub fn is_tombstone(&self) -> bool {
@@ -200,6 +202,11 @@ mod tests {
             RecordHeader::decode(&fixed, MAGIC_FILE, 2, 16),
             Err(RecordError::KeyTooLong(3))
         );
+        // A length near u64::MAX (allowed by a limit of u64::MAX) does not overflow.
+        let mut huge = fixed;
+        huge[16..24].copy_from_slice(&(u64::MAX - 1).to_le_bytes());
+        let decoded = RecordHeader::decode(&huge, MAGIC_FILE, 16, u64::MAX).unwrap();
+        assert_eq!(decoded.record_bytes(), u64::MAX);
         let mut bad = fixed;
         bad[6] = 2;
         assert_eq!(

@@ -424,6 +424,63 @@ mod tests {
         assert_eq!(decode_response(&bad), None);
     }
 
+    /// The handshake examples of docs/transfer.md, byte by byte.
+    #[test]
+    fn handshake_matches_the_documented_bytes() {
+        #[rustfmt::skip]
+        let request: [u8; REQUEST_BYTES] = [
+            0x4d, 0x43, 0x53, 0x48, // "MCSH"
+            0x01,                   // version 1
+            0x01,                   // op 1: map
+            0x00, 0x00,             // reserved
+            0x03, 0, 0, 0, 0, 0, 0, 0, // segment id 3
+        ];
+        assert_eq!(decode_request(&request), Some(3));
+        assert_eq!(encode_request(3), request);
+
+        #[rustfmt::skip]
+        let granted: [u8; RESPONSE_BYTES] = [
+            0x4d, 0x43, 0x53, 0x48, // "MCSH"
+            0x01,                   // version 1
+            0x00, 0x00, 0x00,       // reserved
+            0x00, 0x00, 0x00, 0x00, // status 0 (OK): the memfd travels as SCM_RIGHTS
+            0x00, 0x00, 0x00, 0x00, // reserved
+            0x00, 0x00, 0x10, 0, 0, 0, 0, 0, // size 1 MiB
+            0x00, 0x00, 0x10, 0, 0, 0, 0, 0, // control word at byte 1 MiB
+        ];
+        assert_eq!(
+            decode_response(&granted),
+            Some((ErrorCode::OK, 1 << 20, 1 << 20))
+        );
+        assert_eq!(encode_response(ErrorCode::OK, 1 << 20, 1 << 20), granted);
+
+        #[rustfmt::skip]
+        let refused: [u8; RESPONSE_BYTES] = [
+            0x4d, 0x43, 0x53, 0x48, 0x01, 0x00, 0x00, 0x00,
+            0xa8, 0xfd, 0xff, 0xff, // status -600 INVALID_PARAMS (not shareable)
+            0x00, 0x00, 0x00, 0x00,
+            0, 0, 0, 0, 0, 0, 0, 0, // size 0
+            0, 0, 0, 0, 0, 0, 0, 0, // control offset 0
+        ];
+        assert_eq!(
+            decode_response(&refused),
+            Some((ErrorCode::INVALID_PARAMS, 0, 0))
+        );
+        assert_eq!(encode_response(ErrorCode::INVALID_PARAMS, 0, 0), refused);
+
+        // Each rule of the decoders: wrong op, version, reserved bytes, a status no code has.
+        for (at, value) in [(5, 2), (4, 2), (7, 1), (0, b'm')] {
+            let mut bad = request;
+            bad[at] = value;
+            assert_eq!(decode_request(&bad), None, "request byte {at} = {value}");
+        }
+        for (at, value) in [(4, 2), (5, 1), (13, 1), (8, 0x01)] {
+            let mut bad = granted;
+            bad[at] = value;
+            assert_eq!(decode_response(&bad), None, "response byte {at} = {value}");
+        }
+    }
+
     #[test]
     fn control_offset_is_the_next_page_boundary() {
         assert_eq!(control_offset(1, 4096), 4096);

@@ -1,0 +1,386 @@
+//! Writes: the two-phase put and upsert, one object or a batch.
+//!
+//! Every write is start → write leg → end, or revoke on any failure; [`WriteMode`] picks put's
+//! or upsert's master requests (built in [`crate::MasterClient`]). The write leg:
+//! - `write_replicas` (one object) and `write_many` (a batch) pin the caller's memory and move
+//!   every replica in one transfer batch, checksumming the first replica's bytes on the way;
+//! - `write_target` says where one replica's bytes go (the one place that knows how a replica
+//!   kind is written: memory today).
+
+use mooncake_common::{ErrorCode, ObjectMeta, ReplicaDescriptor, ReplicaKind, ReplicateConfig};
+use mooncake_transfer::{crc32c_combine, Endpoint, TransferError, TransferRequest};
+use std::sync::Arc;
+
+use super::addressing::split_address;
+use super::{checksum_of, PutOutcome, StoreClient, StoreError};
+use crate::master_client::{MasterError, WriteMode};
+
+/// Where one replica's bytes are written: the endpoint serving its segment, the segment (region)
+/// id there and the offset in it.
+type WriteTarget = (Arc<Endpoint>, u64, u64);
+
+impl StoreClient {
+    /// Stores `value` under `key` unless the key exists or is being written.
+    pub async fn put(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<PutOutcome, StoreError> {
+        self.put_parts(key, &[value], config).await
+    }
+
+    /// Stores the concatenation of `parts` (no concatenation copy is made).
+    pub async fn put_parts(
+        &self,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Result<PutOutcome, StoreError> {
+        self.write_parts(WriteMode::Put, key, parts, config).await
+    }
+
+    /// Stores many objects: one PutStart batch, one transfer batch, one PutEnd batch.
+    pub async fn put_batch(
+        &self,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<PutOutcome, StoreError>> {
+        self.write_batch(WriteMode::Put, items, config).await
+    }
+
+    /// Stores `value` under `key`, replacing an existing value (upstream's `upsert`). The key
+    /// is unreadable between the start and the end; on any failure the write is revoked.
+    pub async fn upsert(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<(), StoreError> {
+        self.upsert_parts(key, &[value], config).await
+    }
+
+    /// [`StoreClient::upsert`] of the concatenation of `parts`.
+    pub async fn upsert_parts(
+        &self,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Result<(), StoreError> {
+        self.write_parts(WriteMode::Upsert, key, parts, config)
+            .await
+            .map(|_| ())
+    }
+
+    /// Upserts many objects: one start batch, one transfer batch, one end batch.
+    pub async fn upsert_batch(
+        &self,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<(), StoreError>> {
+        self.write_batch(WriteMode::Upsert, items, config)
+            .await
+            .into_iter()
+            .map(|r| r.map(|_| ()))
+            .collect()
+    }
+
+    /// The two-phase write of the concatenation of `parts` shared by put and upsert: start
+    /// (allocate) → write every replica → end, or revoke on any failure. A put of a key that
+    /// exists (OBJECT_ALREADY_EXISTS) is `AlreadyPresent`; an upsert that succeeds is `Stored`.
+    pub async fn write_parts(
+        &self,
+        mode: WriteMode,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Result<PutOutcome, StoreError> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
+        let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        let replicas = match master
+            .write_start(mode, client, key, total, config, tenant)
+            .await
+        {
+            Ok(replicas) => replicas,
+            Err(MasterError::Master(ErrorCode::OBJECT_ALREADY_EXISTS))
+                if mode == WriteMode::Put =>
+            {
+                return Ok(PutOutcome::AlreadyPresent)
+            }
+            Err(error) => return Err(error.into()),
+        };
+        match self.write_replicas(&replicas, parts, total).await {
+            Ok(crc) => {
+                let checksum = inner
+                    .config
+                    .verify_checksums
+                    .then(|| crc.map_or_else(|| checksum_of(parts), u64::from));
+                let meta = ObjectMeta {
+                    key: key.to_string(),
+                    object_checksum: checksum,
+                };
+                master.write_end(mode, client, meta, tenant).await?;
+                Ok(PutOutcome::Stored)
+            }
+            Err(error) => {
+                let _ = master.write_revoke(mode, client, key, tenant).await;
+                Err(error)
+            }
+        }
+    }
+
+    /// The batch form of [`StoreClient::write_parts`]: one start batch, one transfer batch for
+    /// every replica of every started key, one end batch and one revoke batch. One result per
+    /// item, in order.
+    pub async fn write_batch(
+        &self,
+        mode: WriteMode,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+    ) -> Vec<Result<PutOutcome, StoreError>> {
+        if let Err(error) = self.check_open() {
+            return items.iter().map(|_| Err(error.clone())).collect();
+        }
+        let inner = &self.inner;
+        let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
+        let keys: Vec<String> = items.iter().map(|(k, _)| k.to_string()).collect();
+        let lens: Vec<u64> = items.iter().map(|(_, v)| v.len() as u64).collect();
+        let started = match master
+            .batch_write_start(mode, client, keys.clone(), lens, config, tenant)
+            .await
+        {
+            Ok(started) if started.len() == items.len() => started,
+            Ok(_) => {
+                let e =
+                    StoreError::InvalidParams("master answered a batch of the wrong length".into());
+                return items.iter().map(|_| Err(e.clone())).collect();
+            }
+            Err(error) => return items.iter().map(|_| Err(error.clone().into())).collect(),
+        };
+        let mut results: Vec<Option<Result<PutOutcome, StoreError>>> = vec![None; items.len()];
+        let mut to_write = Vec::new();
+        for (i, start) in started.into_iter().enumerate() {
+            match start {
+                Ok(replicas) => to_write.push((i, replicas)),
+                Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {
+                    results[i] = Some(Ok(PutOutcome::AlreadyPresent))
+                }
+                Err(code) => results[i] = Some(Err(code.into())),
+            }
+        }
+        let written = self.write_many(items, &to_write).await;
+        let mut ended = Vec::new();
+        let mut revoked = Vec::new();
+        // CRC32C the engine computed while writing each item's first replica.
+        let mut crcs: Vec<Option<u32>> = vec![None; items.len()];
+        for ((i, _), outcome) in to_write.iter().zip(written) {
+            match outcome {
+                Ok(crc) => {
+                    crcs[*i] = crc;
+                    ended.push(*i)
+                }
+                Err(error) => {
+                    revoked.push(*i);
+                    results[*i] = Some(Err(error));
+                }
+            }
+        }
+        if !revoked.is_empty() {
+            let keys = revoked.iter().map(|&i| keys[i].clone()).collect();
+            let _ = master.batch_write_revoke(mode, client, keys, tenant).await;
+        }
+        if !ended.is_empty() {
+            let metas: Vec<ObjectMeta> = ended
+                .iter()
+                .map(|&i| ObjectMeta {
+                    key: keys[i].clone(),
+                    object_checksum: inner
+                        .config
+                        .verify_checksums
+                        .then(|| crcs[i].map_or_else(|| checksum_of(&[items[i].1]), u64::from)),
+                })
+                .collect();
+            match master.batch_write_end(mode, client, metas, tenant).await {
+                Ok(each) if each.len() == ended.len() => {
+                    for (&i, r) in ended.iter().zip(each) {
+                        results[i] = Some(r.map(|()| PutOutcome::Stored).map_err(StoreError::from));
+                    }
+                }
+                Ok(_) => {
+                    for &i in &ended {
+                        results[i] = Some(Err(StoreError::InvalidParams(
+                            "the master answered an end batch of the wrong length".into(),
+                        )));
+                    }
+                }
+                Err(error) => {
+                    for &i in &ended {
+                        results[i] = Some(Err(error.clone().into()));
+                    }
+                }
+            }
+        }
+        results
+            .into_iter()
+            .map(|r| r.unwrap_or(Err(StoreError::InvalidParams("lost batch entry".into()))))
+            .collect()
+    }
+
+    /// Writes `parts` into every memory replica of `replicas`. With checksums on, returns the
+    /// CRC32C of the bytes the transfer engine computed while writing the first replica (each
+    /// part on the thread that copied it, while it was in cache); `None` when nothing was
+    /// checksummed (no memory replica, or nothing but empty parts).
+    async fn write_replicas(
+        &self,
+        replicas: &[ReplicaDescriptor],
+        parts: &[&[u8]],
+        total: u64,
+    ) -> Result<Option<u32>, StoreError> {
+        let pins = match self.pin_all(parts.iter().map(|p| (p.as_ptr() as usize, p.len()))) {
+            Ok(pins) => pins,
+            Err(StoreError::Transfer(TransferError::Overlap { .. })) => {
+                // Another operation has these bytes registered right now (e.g. two puts of one
+                // buffer): write from a private copy instead.
+                let copies: Vec<Vec<u8>> = parts.iter().map(|p| p.to_vec()).collect();
+                let borrowed: Vec<&[u8]> = copies.iter().map(|c| c.as_slice()).collect();
+                return Box::pin(self.write_replicas(replicas, &borrowed, total)).await;
+            }
+            Err(error) => return Err(error),
+        };
+        let mut requests = Vec::new();
+        // Indices of the checksummed requests, in byte order (the first memory replica's parts).
+        let mut summed = Vec::new();
+        for replica in replicas {
+            let Some((endpoint, segment, mut offset)) = self.write_target(replica, total)? else {
+                continue;
+            };
+            let checksum = self.inner.config.verify_checksums && summed.is_empty();
+            for part in parts.iter().filter(|p| !p.is_empty()) {
+                let mut request = TransferRequest::write(
+                    part.as_ptr(),
+                    part.len() as u64,
+                    &endpoint,
+                    segment,
+                    offset,
+                );
+                if checksum {
+                    request.checksum = true;
+                    summed.push(requests.len());
+                }
+                requests.push(request);
+                offset += part.len() as u64;
+            }
+        }
+        let batch = self.inner.engine.submit(&requests);
+        let results = batch.wait_async().await;
+        drop(pins);
+        results
+            .into_iter()
+            .collect::<Result<Vec<()>, TransferError>>()?;
+        let mut crc: Option<u32> = None;
+        for index in summed {
+            let (Some(piece), len) = (batch.checksum(index), requests[index].len_bytes) else {
+                return Ok(None);
+            };
+            crc = Some(crc.map_or(piece, |before| crc32c_combine(before, piece, len)));
+        }
+        Ok(crc)
+    }
+
+    /// Writes `items[i]` to `replicas` for every `(i, replicas)`; one result per pair, with the
+    /// CRC32C of the first replica's write when checksums are on (see `write_replicas`).
+    async fn write_many(
+        &self,
+        items: &[(&str, &[u8])],
+        to_write: &[(usize, Vec<ReplicaDescriptor>)],
+    ) -> Vec<Result<Option<u32>, StoreError>> {
+        let pins = match self.pin_all(to_write.iter().map(|(i, _)| {
+            let value = items[*i].1;
+            (value.as_ptr() as usize, value.len())
+        })) {
+            Ok(pins) => pins,
+            Err(StoreError::Transfer(TransferError::Overlap { .. })) => {
+                // Bytes registered by a concurrent operation: write from private copies.
+                let copies: Vec<(String, Vec<u8>)> = items
+                    .iter()
+                    .map(|(k, v)| (k.to_string(), v.to_vec()))
+                    .collect();
+                let borrowed: Vec<(&str, &[u8])> = copies
+                    .iter()
+                    .map(|(k, v)| (k.as_str(), v.as_slice()))
+                    .collect();
+                return Box::pin(self.write_many(&borrowed, to_write)).await;
+            }
+            Err(error) => return to_write.iter().map(|_| Err(error.clone())).collect(),
+        };
+        let mut requests = Vec::new();
+        let mut owner = Vec::new();
+        let mut early: Vec<Option<StoreError>> = vec![None; to_write.len()];
+        // The request whose checksum stands for each slot's value.
+        let mut summed: Vec<Option<usize>> = vec![None; to_write.len()];
+        for (slot, (i, replicas)) in to_write.iter().enumerate() {
+            let value = items[*i].1;
+            for replica in replicas {
+                match self.write_target(replica, value.len() as u64) {
+                    Ok(None) => {}
+                    Ok(Some((endpoint, segment, offset))) => {
+                        let mut request = TransferRequest::write(
+                            value.as_ptr(),
+                            value.len() as u64,
+                            &endpoint,
+                            segment,
+                            offset,
+                        );
+                        if self.inner.config.verify_checksums && summed[slot].is_none() {
+                            request.checksum = true;
+                            summed[slot] = Some(requests.len());
+                        }
+                        requests.push(request);
+                        owner.push(slot);
+                    }
+                    Err(error) => early[slot] = Some(error),
+                }
+            }
+        }
+        let batch = self.inner.engine.submit(&requests);
+        let results = batch.wait_async().await;
+        drop(pins);
+        for (slot, result) in owner.into_iter().zip(results) {
+            if let (Err(error), None) = (result, &early[slot]) {
+                early[slot] = Some(error.into());
+            }
+        }
+        early
+            .into_iter()
+            .zip(summed)
+            .map(|(e, summed)| match e {
+                Some(error) => Err(error),
+                None => Ok(summed.and_then(|index| batch.checksum(index))),
+            })
+            .collect()
+    }
+
+    /// Where the `len` bytes of an object go for `replica`: `None` for a kind this client does
+    /// not write (only memory replicas are written), an error when the master allocated another
+    /// size or the endpoint does not parse.
+    fn write_target(
+        &self,
+        replica: &ReplicaDescriptor,
+        len: u64,
+    ) -> Result<Option<WriteTarget>, StoreError> {
+        let ReplicaKind::Memory(memory) = &replica.kind else {
+            return Ok(None);
+        };
+        if memory.size != len {
+            return Err(StoreError::InvalidParams(format!(
+                "master allocated {} bytes for a {len}-byte object",
+                memory.size
+            )));
+        }
+        let endpoint = self.endpoint_of(&memory.transport_endpoint)?;
+        let (segment, offset) = split_address(memory.buffer_address);
+        Ok(Some((endpoint, segment, offset)))
+    }
+}
