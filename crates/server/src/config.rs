@@ -804,7 +804,10 @@ mod tests {
         let err = load(&["--allocation_strategy=cxl"]).unwrap_err();
         assert!(err.to_string().contains("CXL memory"), "{err}");
         let err = load(&["--rpc_enable_tcp_no_delay=false"]).unwrap_err();
-        assert!(err.to_string().contains("TCP_NODELAY is always on"), "{err}");
+        assert!(
+            err.to_string().contains("TCP_NODELAY is always on"),
+            "{err}"
+        );
         let err = load(&["--rpc_interface=eth0"]).unwrap_err();
         assert!(err.to_string().contains("--rpc_interface=eth0"), "{err}");
     }
