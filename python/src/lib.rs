@@ -33,19 +33,13 @@ fn run_master(py: Python<'_>, argv: Vec<String>) -> i32 {
         Ok((config, resolved)) => {
             py.allow_threads(|| mooncake_server::run_until_signal(config, resolved))
         }
-        Err(mooncake_server::ConfigError::Flags(message)) => {
-            let is_help = message.contains("Usage:") && !message.starts_with("error");
-            if is_help {
-                print!("{message}");
-                0
-            } else {
-                eprint!("{message}");
-                2
-            }
+        Err(mooncake_server::ConfigError::Help(text)) => {
+            print!("{text}");
+            0
         }
         Err(error) => {
             eprintln!("mooncake master: {error}");
-            2
+            error.exit_code()
         }
     }
 }

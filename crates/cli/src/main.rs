@@ -19,8 +19,9 @@ struct Cli {
 
 #[derive(Debug, Subcommand)]
 enum Command {
-    /// Run the master (metadata service). Takes upstream's flags: `--rpc_port`, `--metrics_port`,
-    /// `--default_kv_lease_ttl`, … (`_` or `-`), and `--config FILE` (TOML). `mooncake master --help`.
+    /// Run the master (metadata service). Takes every flag of upstream's `mooncake_master`
+    /// (gflags syntax) and `--config_path FILE` (upstream's YAML or JSON, or TOML).
+    /// `mooncake master --help` lists them with what mooncake-rs does with each.
     #[command(disable_help_flag = true)]
     Master {
         #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
@@ -91,25 +92,19 @@ fn tune_malloc() {
 fn run(cli: Cli) -> anyhow::Result<()> {
     match cli.command {
         Command::Master { args } => {
-            init_logging();
             let argv = std::iter::once("mooncake master".to_string()).chain(args);
             match mooncake_server::MasterConfig::load(argv) {
                 Ok((config, resolved)) => {
+                    init_logging_at(config.log_filter());
                     std::process::exit(mooncake_server::run_until_signal(config, resolved))
                 }
-                Err(mooncake_server::ConfigError::Flags(message)) => {
-                    // clap's own text: usage errors and --help.
-                    let is_help = message.contains("Usage:") && !message.starts_with("error");
-                    if is_help {
-                        print!("{message}");
-                        std::process::exit(0);
-                    }
-                    eprint!("{message}");
-                    std::process::exit(2);
+                Err(mooncake_server::ConfigError::Help(text)) => {
+                    print!("{text}");
+                    std::process::exit(0);
                 }
                 Err(error) => {
                     eprintln!("mooncake master: {error}");
-                    std::process::exit(2);
+                    std::process::exit(error.exit_code());
                 }
             }
         }

@@ -555,7 +555,7 @@ fn eviction_makes_room_in_a_full_store() {
     assert!(count <= 256.0, "{count} keys of 4 KiB in a 1 MiB store");
     let evicted: f64 = body
         .lines()
-        .find_map(|l| l.strip_prefix("master_evicted_keys_total "))
+        .find_map(|l| l.strip_prefix("master_evicted_key_count "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap();
     assert!(

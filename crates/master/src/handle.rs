@@ -67,6 +67,8 @@ pub struct MasterService {
     pub(crate) unverified: Mutex<Unverified>,
     /// A restore left segments waiting or replicas unverified (the deadline step has work).
     pub(crate) restore_active: AtomicBool,
+    /// Event counters for `/metrics` (`stats.rs`).
+    pub(crate) counters: crate::stats::MasterCounters,
 }
 
 impl fmt::Debug for MasterService {
@@ -122,6 +124,7 @@ impl MasterService {
             census_hint: AtomicUsize::new(0),
             unverified: Mutex::new(Unverified::default()),
             restore_active: AtomicBool::new(false),
+            counters: crate::stats::MasterCounters::default(),
         })
     }
 

@@ -54,6 +54,7 @@ mod routes;
 mod seam;
 mod segment_rpc;
 mod segments;
+mod stats;
 pub mod strategy;
 pub mod tasks;
 mod tasks_rpc;
@@ -78,6 +79,7 @@ pub use restore::{
     MAX_UNVERIFIED_PAGE, MAX_UNVERIFIED_PAGE_BYTES,
 };
 pub use segments::SegmentUsage;
+pub use stats::{MasterCounters, ObjectCensus};
 pub use strategy::AllocationStrategy;
 pub use tasks::TaskLimits;
 pub use unverified::VerificationStats;

@@ -36,6 +36,7 @@ impl MasterService {
         if buffers.is_empty() {
             return;
         }
+        self.counters.count_discard();
         let mut list = self.discarded.lock();
         self.emit(|| {
             let segs = self.segments.inner.read();
@@ -71,6 +72,7 @@ impl MasterService {
             }
             due
         };
+        self.counters.count_releases(due.len());
         due.iter().map(|d| d.buffers.len()).sum()
     }
 

@@ -1,21 +1,38 @@
-//! `mooncake master` configuration: upstream's flag names and defaults (spec/master.md §14), an
-//! optional TOML (or JSON) file, and validation with clear messages.
+//! `mooncake master` configuration: one table of every flag upstream's `mooncake_master` takes
+//! (its own, gflags' and glog's) plus ours, the typed [`MasterConfig`] it generates, and
+//! validation with clear messages. Parsing (gflags syntax, config files) is in `flags.rs`.
 //!
-//! Flags may be spelled with `_` or `-` (`--rpc_port`, `--rpc-port`) and with one or two leading
-//! dashes, as gflags allows. Precedence: built-in default < config file < command line.
+//! Each table line is `name: RustType = default, Origin UpstreamType, Status, "upstream help"`.
+//! The status says what mooncake-rs does with the flag ([`Status`]):
+//! - `HONOURED`: implemented; the value is read from `MasterConfig` by `process.rs`.
+//! - `Refused(FEATURE)`: it turns on a feature we do not build; accepted at its default, refused
+//!   otherwise (`--enable_kv_events=true: not supported by mooncake-rs (KV cache events)`).
+//! - `Inert(FEATURE)`: a setting of a feature we do not build; accepted at any value, no effect.
+//!
+//! A feature that gets built flips its lines to `HONOURED` and reads the fields (already typed
+//! here) from `MasterConfig`. Flags given that have no effect are named in one warning line at
+//! start-up ([`ResolvedConfig::notice`]).
 
-use clap::Parser;
 use mooncake_common::units::parse_duration_ms;
-use serde::{Deserialize, Serialize};
+use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
 use thiserror::Error;
 
-/// Why a configuration was refused at start-up.
+use crate::flags::{apply_file, notice, parse_command_line, read_config_file};
+pub use crate::flags::{
+    find_flag, flag_table_markdown, help_text, FlagSpec, FlagType, FlagValue, Origin, Status,
+};
+
+/// Why a configuration was refused at start-up (or what to print instead of starting).
 #[derive(Debug, Error)]
 pub enum ConfigError {
+    /// Command-line syntax: unknown flag, missing value, stray argument.
     #[error("{0}")]
     Flags(String),
+    /// `--help` or `--version`: print this on stdout and exit 0.
+    #[error("{0}")]
+    Help(String),
     #[error("cannot read config file {path}: {source}")]
     Read {
         path: PathBuf,
@@ -26,148 +43,427 @@ pub enum ConfigError {
     Parse { path: PathBuf, message: String },
     #[error("invalid value for --{flag}: {message}")]
     Invalid { flag: &'static str, message: String },
+    /// Flags that ask for features mooncake-rs does not build, one line each.
+    #[error("{}", .0.join("\n"))]
+    Unsupported(Vec<String>),
 }
 
-/// Every setting of the master process. Field names are upstream's flag names.
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize, Parser)]
-#[command(
-    name = "mooncake master",
-    about = "Run the mooncake-rs master (metadata service)",
-    rename_all = "snake_case"
-)]
-#[serde(default, deny_unknown_fields)]
-pub struct MasterConfig {
-    /// TOML or JSON file with the same keys as the flags (`--config_path` is accepted too).
-    #[arg(long = "config", alias = "config_path")]
-    #[serde(skip)]
-    pub config: Option<PathBuf>,
-
-    /// Deprecated port flag; used when `rpc_port` is 0.
-    #[arg(long, default_value_t = 50051)]
-    pub port: u16,
-    /// RPC port (0 = use `port`).
-    #[arg(long, default_value_t = 0)]
-    pub rpc_port: u16,
-    /// RPC bind address.
-    #[arg(long, default_value = "0.0.0.0")]
-    pub rpc_address: String,
-    /// RPC worker threads (0 = `max_threads`, then the number of cores).
-    #[arg(long, default_value_t = 0)]
-    pub rpc_thread_num: usize,
-    /// Deprecated alias of `rpc_thread_num`.
-    #[arg(long, default_value_t = 0)]
-    pub max_threads: usize,
-    /// Close an RPC connection that made a valid request and then sent nothing for this many
-    /// seconds (0 = never, upstream's default). Connections that never made one are covered by
-    /// `rpc_handshake_timeout_seconds`.
-    #[arg(long, default_value_t = 0)]
-    pub rpc_conn_timeout_seconds: u64,
-    /// TCP_NODELAY on RPC connections.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub rpc_enable_tcp_no_delay: bool,
-    /// Connections served at once (ours; upstream has none).
-    #[arg(long, default_value_t = 1024)]
-    pub rpc_max_connections: usize,
-    /// Opt-in low-latency mode: spin on sockets this many microseconds before parking (0 = off).
-    #[arg(long, default_value_t = 0)]
-    pub busy_poll_us: u64,
-
-    // Limits against idle, slow and hostile peers (ours; docs/security.md).
-    /// Close an RPC connection that has not completed a valid request this many seconds after
-    /// connecting (0 = never). When the server is full, such connections make room first.
-    #[arg(long, default_value_t = 10)]
-    pub rpc_handshake_timeout_seconds: u64,
-    /// RPC connections served at once from one IP address.
-    #[arg(long, default_value_t = 256)]
-    pub rpc_max_connections_per_address: usize,
-    /// Seconds every request frame (and every write of answers) may take once started, on top
-    /// of its length at `rpc_min_request_bytes_per_second`.
-    #[arg(long, default_value_t = 10)]
-    pub rpc_frame_timeout_seconds: u64,
-    /// Slowest rate a request frame may arrive at (and answers may leave at) once started.
-    #[arg(long, default_value_t = 1 << 20)]
-    pub rpc_min_request_bytes_per_second: u64,
-    /// Bytes of request frames over 64 KiB that all RPC connections together may hold; over it
-    /// the server stops reading them and sheds the oldest. At least the 16 MiB frame limit.
-    #[arg(long, default_value_t = 256 << 20)]
-    pub rpc_max_buffered_request_bytes: u64,
-
-    /// Periodic metric log lines.
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_metric_reporting: bool,
-    /// HTTP admin/metrics port.
-    #[arg(long, default_value_t = 9003)]
-    pub metrics_port: u16,
-    /// HTTP admin/metrics bind address.
-    #[arg(long, default_value = "0.0.0.0")]
-    pub metrics_host: String,
-
-    /// Read lease granted by reads: raw milliseconds or a duration with ms/s/m/h.
-    #[arg(long, default_value = "10000")]
-    pub default_kv_lease_ttl: String,
-    /// Soft-pin TTL used when a put asks for a soft pin without a TTL.
-    #[arg(long, default_value = "1800000")]
-    pub default_kv_soft_pin_ttl: String,
-    /// Largest soft-pin TTL a put may ask for.
-    #[arg(long, default_value = "86400000")]
-    pub max_kv_soft_pin_ttl: String,
-    /// Whether eviction may take soft-pinned objects (after every unpinned one).
-    #[arg(long, default_value_t = true, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub allow_evict_soft_pinned_objects: bool,
-    /// Fraction of capacity one eviction cycle frees, in [0, 1].
-    #[arg(long, default_value_t = 0.05)]
-    pub eviction_ratio: f64,
-    /// Usage ratio above which eviction runs, in (0, 1].
-    #[arg(long, default_value_t = 0.90)]
-    pub eviction_high_watermark_ratio: f64,
-
-    /// Seconds a client stays alive after its last ping.
-    #[arg(long, alias = "client_live_ttl_sec", default_value_t = 10)]
-    pub client_ttl: u64,
-    /// Seconds after which an unfinished put may be pre-empted.
-    #[arg(long, default_value_t = 30)]
-    pub put_start_discard_timeout_sec: u64,
-    /// Seconds after which the space of an unfinished put is released (must exceed the discard timeout).
-    #[arg(long, default_value_t = 600)]
-    pub put_start_release_timeout_sec: u64,
-
-    /// Buffer allocator: `offset` (the only one; `cachelib` is refused as upstream deprecated it).
-    #[arg(long, default_value = "offset")]
-    pub memory_allocator: String,
-    /// `random`, `free_ratio_first` or `local_first`.
-    #[arg(long, default_value = "random")]
-    pub allocation_strategy: String,
-
-    /// Strict multi-tenant namespaces and quotas.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_multi_tenants: bool,
-    /// Tenant policy connector type (`file`).
-    #[arg(long, default_value = "file")]
-    pub tenant_quota_connector_type: String,
-    /// Tenant policy file (YAML `version: 1`).
-    #[arg(long, default_value = "")]
-    pub tenant_quota_connector_uri: String,
-
-    /// Serve upstream's `/metadata?key=` store for tools that expect it.
-    #[arg(long, default_value_t = false, action = clap::ArgAction::Set, num_args = 0..=1, default_missing_value = "true")]
-    pub enable_http_metadata_server: bool,
-    /// Bind address of the metadata server.
-    #[arg(long, default_value = "0.0.0.0")]
-    pub http_metadata_server_host: String,
-    /// Port of the metadata server.
-    #[arg(long, default_value_t = 8080)]
-    pub http_metadata_server_port: u16,
-
-    /// Cluster name reported by `/health`.
-    #[arg(long, default_value = "mooncake_cluster")]
-    pub cluster_id: String,
-}
-
-impl Default for MasterConfig {
-    fn default() -> Self {
-        // The clap defaults are the single source of truth.
-        MasterConfig::parse_from(["mooncake-master"])
+impl ConfigError {
+    /// The process exit code for this outcome (0 for `--help`/`--version`, 2 otherwise).
+    pub fn exit_code(&self) -> i32 {
+        match self {
+            ConfigError::Help(_) => 0,
+            _ => 2,
+        }
     }
+}
+
+const HONOURED: Status = Status::Honoured;
+
+// Features mooncake-rs does not build (yet), as flag statuses name them.
+const HA: &str = "high availability (HA)";
+const OPLOG: &str = "HA op-log replication";
+const SNAPSHOT: &str = "master snapshots";
+const OFFLOAD: &str = "SSD offload";
+const PROMOTION: &str = "promotion on hit";
+const KV_EVENTS: &str = "KV cache events";
+const CXL: &str = "CXL memory";
+const NOF: &str = "NVMe-oF segments";
+const DFS: &str = "DFS/3FS storage backend";
+const DYNAMIC_REPLICATION: &str = "dynamic replication";
+const METADATA_CLEANUP: &str = "HTTP metadata cleanup on client timeout";
+const RPC_INTERFACE: &str = "rpc_address from a network interface (give --rpc_address)";
+const NO_DELAY_OFF: &str = "RPC without TCP_NODELAY";
+const TASK_RETRIES: &str = "task retries";
+const MMAP_ARENA: &str = "mmap arena allocator";
+const COMPLETION: &str = "gflags shell completion";
+const GLOG: &str = "glog output settings (mooncake-rs logs to stderr; MOONCAKE_LOG filters)";
+
+/// Generates [`MasterConfig`], its `Default`, the static [`FLAGS`] table and by-name access from
+/// one list of flags.
+macro_rules! master_flags {
+    ($(
+        $name:ident : $ty:ty = $default:literal, $origin:ident $uty:ident, $status:expr,
+            $help:literal $(, aliases = [$($alias:literal),* $(,)?])? ;
+    )*) => {
+        /// Every setting of the master process, one field per flag (see the table in
+        /// `config.rs`). Field names are the flag names.
+        #[derive(Debug, Clone, PartialEq)]
+        pub struct MasterConfig {
+            $( #[doc = $help] pub $name: $ty, )*
+        }
+
+        impl Default for MasterConfig {
+            fn default() -> Self {
+                MasterConfig { $( $name: <$ty as FlagValue>::from_lit($default), )* }
+            }
+        }
+
+        /// Every flag: name, aliases, origin, upstream type, default, status, help.
+        pub static FLAGS: &[FlagSpec] = &[$(
+            FlagSpec {
+                name: stringify!($name),
+                aliases: &[$($($alias),*)?],
+                origin: Origin::$origin,
+                ty: FlagType::$uty,
+                default_literal: stringify!($default),
+                status: $status,
+                help: $help,
+            },
+        )*];
+
+        impl MasterConfig {
+            /// Sets the flag `name` (canonical) from gflags text.
+            pub(crate) fn set_text(&mut self, name: &str, text: &str) -> Result<(), String> {
+                match name {
+                    $( stringify!($name) => {
+                        self.$name = FlagValue::parse_flag(text)?;
+                        Ok(())
+                    } )*
+                    _ => Err(format!("no flag named {name:?}")),
+                }
+            }
+
+            /// The value of flag `name` as gflags text.
+            pub fn value_text(&self, name: &str) -> Option<String> {
+                match name {
+                    $( stringify!($name) => Some(FlagValue::to_flag_text(&self.$name)), )*
+                    _ => None,
+                }
+            }
+
+            /// Whether flag `name` holds its default.
+            pub fn is_default(&self, name: &str) -> bool {
+                match name {
+                    $( stringify!($name) => {
+                        self.$name == <$ty as FlagValue>::from_lit($default)
+                    } )*
+                    _ => true,
+                }
+            }
+        }
+    };
+}
+
+master_flags! {
+    // ---- RPC server -----------------------------------------------------------------------
+    port: u16 = 50051, Master Int32, HONOURED,
+        "Port for master service to listen on (deprecated, use rpc_port)";
+    rpc_port: u16 = 0, Master Int32, HONOURED,
+        "Port for RPC server to listen on (0 = use port, preferred over port)";
+    rpc_address: String = "0.0.0.0", Master String, HONOURED,
+        "Address for RPC server to bind to, required in HA mode";
+    rpc_thread_num: usize = 0, Master Int32, HONOURED,
+        "Number of threads for RPC server (0 = use max_threads, preferred over max_threads)";
+    max_threads: usize = 16, Master Int32, HONOURED,
+        "Maximum number of threads to use (deprecated, use rpc_thread_num)";
+    rpc_conn_timeout_seconds: u64 = 0, Master Int32, HONOURED,
+        "Connection timeout in seconds (0 = no timeout)";
+    rpc_enable_tcp_no_delay: bool = true, Master Bool, HONOURED,
+        "Enable TCP_NODELAY for RPC connections";
+    rpc_interface: String = "", Master String, Status::Refused(RPC_INTERFACE),
+        "Network interface name for RPC server address resolution. When set, its IPv4 address overrides rpc_address";
+
+    // ---- HTTP admin and metrics -------------------------------------------------------------
+    metrics_port: u16 = 9003, Master Int32, HONOURED,
+        "Port for HTTP metrics server to listen on";
+    metrics_host: String = "0.0.0.0", Master String, HONOURED,
+        "Address for the HTTP metrics/admin server to listen on. Use \"::\" to listen on IPv6 (and IPv4 on dual-stack hosts)";
+    enable_metric_reporting: bool = true, Master Bool, HONOURED,
+        "Enable periodic metric reporting";
+
+    // ---- leases, soft pins, eviction --------------------------------------------------------
+    default_kv_lease_ttl: String = "10000", Master String, HONOURED,
+        "Default lease time for kv objects. Supports raw milliseconds or duration strings with ms, s, m, or h suffixes";
+    default_kv_soft_pin_ttl: String = "1800000", Master String, HONOURED,
+        "Default soft pin TTL for kv objects. Supports raw milliseconds or duration strings with ms, s, m, or h suffixes";
+    max_kv_soft_pin_ttl: String = "86400000", Master String, HONOURED,
+        "Maximum request-level soft pin TTL for kv objects. Supports raw milliseconds or duration strings with ms, s, m, or h suffixes";
+    allow_evict_soft_pinned_objects: bool = true, Master Bool, HONOURED,
+        "Whether to allow eviction of soft pinned objects during eviction";
+    eviction_ratio: f64 = 0.05, Master Double, HONOURED,
+        "Ratio of objects to evict when Memory space is full";
+    eviction_high_watermark_ratio: f64 = 0.9, Master Double, HONOURED,
+        "Ratio of high watermark trigger eviction in Memory";
+
+    // ---- clients and puts ---------------------------------------------------------------------
+    client_ttl: u64 = 10, Master Int64, HONOURED,
+        "Seconds a client stays considered alive after the last heartbeat. If this TTL elapses without a refresh, the master treats the client as disconnected and may unmount its segments",
+        aliases = ["client_live_ttl_sec"];
+    put_start_discard_timeout_sec: u64 = 30, Master UInt64, HONOURED,
+        "Timeout for discarding uncompleted PutStart operations";
+    put_start_release_timeout_sec: u64 = 600, Master UInt64, HONOURED,
+        "Timeout for releasing space allocated in uncompleted PutStart operations";
+
+    // ---- allocation -----------------------------------------------------------------------------
+    memory_allocator: String = "offset", Master String, HONOURED,
+        "Memory allocator for global segments, cachelib | offset";
+    allocation_strategy: String = "random", Master String, HONOURED,
+        "Allocation strategy for segments, random | free_ratio_first | cxl | ssd_free_ratio_first | local_first";
+
+    // ---- tenancy ----------------------------------------------------------------------------------
+    enable_multi_tenants: bool = false, Master Bool, HONOURED,
+        "Enable strict multi-tenant namespace and quota admission";
+    tenant_quota_connector_type: String = "file", Master String, HONOURED,
+        "Tenant quota policy connector type";
+    tenant_quota_connector_uri: String = "", Master String, HONOURED,
+        "Tenant quota policy connector URI";
+
+    // ---- HTTP metadata server -------------------------------------------------------------------
+    enable_http_metadata_server: bool = false, Master Bool, HONOURED,
+        "Enable HTTP metadata server instead of etcd";
+    http_metadata_server_host: String = "0.0.0.0", Master String, HONOURED,
+        "Host for HTTP metadata server to bind to";
+    http_metadata_server_port: u16 = 8080, Master Int32, HONOURED,
+        "Port for HTTP metadata server to listen on";
+    enable_metadata_cleanup_on_timeout: bool = false, Master Bool, Status::Refused(METADATA_CLEANUP),
+        "Enable cleanup of HTTP metadata (mooncake/ram/*, mooncake/rpc_meta/*) when client heartbeat times out. Works in two modes: (1) co-located (enable_http_metadata_server=true) via in-process removal, or (2) separately-deployed metadata server via async HTTP DELETE.";
+
+    // ---- copy/move task queue -----------------------------------------------------------------
+    max_total_finished_tasks: u32 = 10000, Master UInt32, HONOURED,
+        "Maximum number of finished tasks to keep in memory";
+    max_total_pending_tasks: u32 = 10000, Master UInt32, HONOURED,
+        "Maximum number of pending tasks to keep in memory";
+    max_total_processing_tasks: u32 = 10000, Master UInt32, HONOURED,
+        "Maximum number of processing tasks to keep in memory";
+    pending_task_timeout_sec: u64 = 300, Master UInt64, HONOURED,
+        "Timeout in seconds for pending tasks (0 = no timeout)";
+    processing_task_timeout_sec: u64 = 300, Master UInt64, HONOURED,
+        "Timeout in seconds for processing tasks (0 = no timeout)";
+    max_retry_attempts: u32 = 10, Master UInt32, Status::Inert(TASK_RETRIES),
+        "Maximum number of retry attempts for failed tasks";
+
+    // ---- cluster and config file ----------------------------------------------------------------
+    cluster_id: String = "mooncake_cluster", Master String, HONOURED,
+        "Cluster ID for the master service, used for kvcache persistence in HA mode";
+    config_path: String = "", Master String, HONOURED,
+        "master service config file path", aliases = ["config"];
+
+    // ---- ours (no upstream flag) ------------------------------------------------------------------
+    rpc_max_connections: usize = 1024, Ours UInt64, HONOURED,
+        "RPC connections served at once; more are refused with one error frame";
+    busy_poll_us: u64 = 0, Ours UInt64, HONOURED,
+        "Opt-in low-latency mode: spin on sockets this many microseconds before parking (0 = off)";
+    rpc_handshake_timeout_seconds: u64 = 10, Ours UInt64, HONOURED,
+        "Close an RPC connection that has not completed a valid request this many seconds after connecting (0 = never); when the server is full such connections make room first";
+    rpc_max_connections_per_address: usize = 256, Ours UInt64, HONOURED,
+        "RPC connections served at once from one IP address";
+    rpc_frame_timeout_seconds: u64 = 10, Ours UInt64, HONOURED,
+        "Seconds every request frame (and every write of answers) may take once started, on top of its length at rpc_min_request_bytes_per_second";
+    rpc_min_request_bytes_per_second: u64 = 1048576, Ours UInt64, HONOURED,
+        "Slowest rate a request frame may arrive at (and answers may leave at) once started";
+    rpc_max_buffered_request_bytes: u64 = 268435456, Ours UInt64, HONOURED,
+        "Bytes of request frames over 64 KiB that all RPC connections together may hold; over it the server stops reading them and sheds the oldest (at least the 16 MiB frame limit)";
+
+    // ---- high availability (not built) ------------------------------------------------------
+    enable_ha: bool = false, Master Bool, Status::Refused(HA),
+        "Enable high availability using the configured HA backend";
+    ha_backend_type: String = "etcd", Master String, Status::Inert(HA),
+        "HA backend type, e.g. etcd | redis | k8s";
+    ha_backend_connstring: String = "", Master String, Status::Inert(HA),
+        "HA backend connection string. If unset, only backend_type=etcd falls back to etcd_endpoints for backward compatibility";
+    etcd_endpoints: String = "", Master String, Status::Inert(HA),
+        "Endpoints of ETCD server, separated by semicolon, required in HA mode";
+    pod_name: String = "", Master String, Status::Inert(HA),
+        "Pod name for K8s label-based routing (default: $POD_NAME)";
+    pod_namespace: String = "", Master String, Status::Inert(HA),
+        "Pod namespace for K8s label-based routing (default: $POD_NAMESPACE)";
+    enable_oplog: bool = false, Master Bool, Status::Refused(OPLOG),
+        "Enable HA metadata replication through batch-record OpLog";
+    oplog_batch_max_entries: u32 = 1024, Master UInt32, Status::Inert(OPLOG),
+        "Maximum number of committed/reserved entries in the open batch-record OpLog waiting batch.";
+    oplog_poll_interval_ms: i32 = 1000, Master Int32, Status::Inert(OPLOG),
+        "Batch-record standby poll interval.";
+    batch_oplog_retry_timeout_sec: u32 = 180, Master UInt32, Status::Inert(OPLOG),
+        "Maximum time to retry transient batch OpLog standby errors.";
+
+    // ---- snapshots (not built) ----------------------------------------------------------------
+    enable_snapshot: bool = false, Master Bool, Status::Refused(SNAPSHOT),
+        "Enable periodic snapshot of master data";
+    enable_snapshot_restore: bool = false, Master Bool, Status::Refused(SNAPSHOT),
+        "enable restore from snapshot";
+    snapshot_interval_seconds: u64 = 600, Master UInt64, Status::Inert(SNAPSHOT),
+        "Interval in second between periodic snapshots of master data";
+    snapshot_child_timeout_seconds: u64 = 300, Master UInt64, Status::Inert(SNAPSHOT),
+        "Timeout for snapshot child process in seconds";
+    snapshot_retention_count: u32 = 2, Master UInt32, Status::Inert(SNAPSHOT),
+        "Number of recent snapshots to keep (older snapshots will be automatically deleted)";
+    snapshot_backup_dir: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Optional local directory for snapshot and restore backup. If empty, local backup is disabled";
+    snapshot_object_store_type: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Snapshot object store type: 'local' for local filesystem, 's3' for S3 storage";
+    snapshot_payload_store_type: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Deprecated alias of --snapshot_object_store_type";
+    snapshot_payload_backend_type: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Deprecated alias of --snapshot_object_store_type";
+    snapshot_catalog_store_type: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Snapshot catalog store type: ''/'embedded' or 'redis' ('payload' is kept as a deprecated alias)";
+    snapshot_catalog_backend_type: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Deprecated alias of --snapshot_catalog_store_type";
+    snapshot_catalog_store_connstring: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Optional connection string for snapshot catalog store";
+    snapshot_catalog_backend_connstring: String = "", Master String, Status::Inert(SNAPSHOT),
+        "Deprecated alias of --snapshot_catalog_store_connstring";
+
+    // ---- SSD offload and promotion (not built) --------------------------------------------------
+    enable_offload: bool = false, Master Bool, Status::Refused(OFFLOAD),
+        "Enable offload availability";
+    offload_on_evict: bool = false, Master Bool, Status::Inert(OFFLOAD),
+        "Defer LOCAL_DISK offload to eviction time instead of PutEnd";
+    offload_force_evict: bool = false, Master Bool, Status::Inert(OFFLOAD),
+        "Force-evict objects exceeding offload cap without disk offload";
+    offloading_queue_limit: u64 = 50000, Master UInt64, Status::Inert(OFFLOAD),
+        "Maximum number of objects allowed in the offloading queue per local disk segment. Increase to allow more objects to be offloaded to SSD before force-eviction kicks in";
+    offload_cap_ratio: f64 = 0.5, Master Double, Status::Inert(OFFLOAD),
+        "Per-cycle offload cap as a fraction of offloading_queue_limit. Controls how many objects can be queued for offload in a single eviction cycle before falling back to force-evict";
+    promotion_on_hit: bool = false, Master Bool, Status::Refused(PROMOTION),
+        "Promote LOCAL_DISK-only keys to MEMORY on read access (mirror of offload_on_evict)";
+    promotion_admission_threshold: u32 = 2, Master UInt32, Status::Inert(PROMOTION),
+        "Min CountMinSketch count for a key before promotion fires (set 1 to disable second-touch gating)";
+    promotion_queue_limit: u32 = 50000, Master UInt32, Status::Inert(PROMOTION),
+        "Max in-flight promotion tasks across all shards";
+    promotion_max_per_heartbeat: u32 = 1, Master UInt32, Status::Inert(PROMOTION),
+        "Max promotion tasks returned to a single client per PromotionObjectHeartbeat call. Each task is a synchronous SSD-read + RDMA-write on the client; serializing them avoids blocking past the client-liveness window. Default 1 is conservative.";
+
+    // ---- DFS/3FS storage backend (not built) ----------------------------------------------------
+    root_fs_dir: String = "", Master String, Status::Refused(DFS),
+        "Root directory for storage backend, used in HA mode";
+    global_file_segment_size: i64 = 9223372036854775807, Master Int64, Status::Inert(DFS),
+        "Size of global NFS/3FS segment in bytes";
+    enable_disk_eviction: bool = true, Master Bool, Status::Inert(DFS),
+        "Enable disk eviction feature for storage backend (default: true)";
+    quota_bytes: u64 = 0, Master UInt64, Status::Inert(DFS),
+        "Quota for storage backend in bytes (0 = use default 90% of capacity)";
+
+    // ---- KV cache events (not built) ----------------------------------------------------------
+    enable_kv_events: bool = false, Master Bool, Status::Refused(KV_EVENTS),
+        "Enable RFC #1527 KV cache event publisher over ZMQ";
+    kv_events_bind_endpoint: String = "", Master String, Status::Inert(KV_EVENTS),
+        "ZMQ PUB bind endpoint for KV events, e.g. tcp://0.0.0.0:5557";
+    kv_events_backend_id: String = "", Master String, Status::Inert(KV_EVENTS),
+        "backend_id for published KV events (cache owner identity)";
+    kv_events_queue_capacity: u32 = 65536, Master UInt32, Status::Inert(KV_EVENTS),
+        "Maximum pending KV events; oldest events are dropped when the queue is full (0 = unbounded)";
+    kv_events_emit_object_key: bool = true, Master Bool, Status::Inert(KV_EVENTS),
+        "Include Mooncake object_key in published KV events";
+    kv_events_emit_legacy_compat: bool = true, Master Bool, Status::Inert(KV_EVENTS),
+        "Include vLLM/SGLang-compatible type/block_hashes fields";
+    kv_events_model_name: String = "", Master String, Status::Inert(KV_EVENTS),
+        "Deprecated: not emitted on events; use indexer POST /register";
+    kv_events_tenant_id: String = "default", Master String, Status::Inert(KV_EVENTS),
+        "Deprecated: tenant_id comes from each object on events";
+    kv_events_additional_salt: String = "", Master String, Status::Inert(KV_EVENTS),
+        "Deprecated: not emitted on events; use indexer POST /register";
+    kv_events_lora_name: String = "", Master String, Status::Inert(KV_EVENTS),
+        "Deprecated: not emitted on events (no LoRA context in master)";
+    kv_events_block_size: u32 = 0, Master UInt32, Status::Inert(KV_EVENTS),
+        "Deprecated: not emitted on events; use indexer POST /register";
+    kv_events_dp_rank: u32 = 0, Master UInt32, Status::Inert(KV_EVENTS),
+        "Deprecated: not emitted on events; use indexer POST /register";
+
+    // ---- CXL, NoF, dynamic replication, mmap arena (not built) --------------------------------
+    enable_cxl: bool = false, Master Bool, Status::Refused(CXL),
+        "Whether to enable CXL memory support";
+    cxl_path: String = "/dev/dax0.0", Master String, Status::Inert(CXL),
+        "DAX device path for CXL memory";
+    cxl_size: u64 = 8589934592, Master UInt64, Status::Inert(CXL),
+        "CXL memory size in bytes";
+    nof_eviction_ratio: f64 = 0.05, Master Double, Status::Inert(NOF),
+        "Ratio of objects to evict when NoF SSD space is full";
+    nof_eviction_high_watermark_ratio: f64 = 0.9, Master Double, Status::Inert(NOF),
+        "Ratio of high watermark trigger eviction in NoF SSD";
+    nof_heartbeat_interval_sec: i64 = 10, Master Int64, Status::Inert(NOF),
+        "How often master probes each mounted NoF segment";
+    nof_heartbeat_probe_timeout_ms: u32 = 1000, Master UInt32, Status::Inert(NOF),
+        "Timeout in milliseconds for a single NoF heartbeat probe";
+    nof_heartbeat_failures_threshold: u32 = 3, Master UInt32, Status::Inert(NOF),
+        "Consecutive NoF heartbeat failures required before unmounting a NoF segment";
+    dynamic_replication_mode: String = "off", Master String, Status::Refused(DYNAMIC_REPLICATION),
+        "Dynamic MEMORY replica fanout mode: off, observe, or enforce";
+    dynamic_replication_heat_window_seconds: u32 = 10, Master UInt32, Status::Inert(DYNAMIC_REPLICATION),
+        "Heat observation window for dynamic MEMORY replication";
+    dynamic_replication_admission_qps_threshold: f64 = 0.8, Master Double, Status::Inert(DYNAMIC_REPLICATION),
+        "Per-key access frequency threshold for dynamic MEMORY replication";
+    dynamic_replication_max_memory_replicas: u64 = 2, Master UInt64, Status::Inert(DYNAMIC_REPLICATION),
+        "Maximum MEMORY replicas allowed for one dynamically replicated key";
+    use_mmap_arena_allocator: bool = false, Master Bool, Status::Refused(MMAP_ARENA),
+        "Enable the lock-free mmap arena allocator for mmap buffers";
+    mmap_arena_pool_size: u64 = 8589934592, Master UInt64, Status::Inert(MMAP_ARENA),
+        "Arena allocator pool size in bytes";
+
+    // ---- gflags' own flags ------------------------------------------------------------------------
+    flagfile: String = "", Gflags String, HONOURED,
+        "load flags from file";
+    fromenv: String = "", Gflags String, HONOURED,
+        "set flags from the environment [use 'export FLAGS_flag1=value']";
+    tryfromenv: String = "", Gflags String, HONOURED,
+        "set flags from the environment if present";
+    undefok: String = "", Gflags String, HONOURED,
+        "comma-separated list of flag names that it is okay to specify on the command line even if the program does not define a flag with that name.  IMPORTANT: flags in this list that have arguments MUST use the flag=value format";
+    help: bool = false, Gflags Bool, HONOURED,
+        "show help on all flags [tip: all flags can have two dashes]";
+    helpfull: bool = false, Gflags Bool, HONOURED,
+        "show help on all flags -- same as -help";
+    helpshort: bool = false, Gflags Bool, HONOURED,
+        "show help on only the main module for this program";
+    helppackage: bool = false, Gflags Bool, HONOURED,
+        "show help on all modules in the main package";
+    helpxml: bool = false, Gflags Bool, HONOURED,
+        "produce an xml version of help";
+    helpmatch: String = "", Gflags String, HONOURED,
+        "show help on modules whose name contains the specified substr";
+    helpon: String = "", Gflags String, HONOURED,
+        "show help on the modules named by this flag value";
+    version: bool = false, Gflags Bool, HONOURED,
+        "show version and build info and exit";
+    tab_completion_word: String = "", Gflags String, Status::Refused(COMPLETION),
+        "If non-empty, HandleCommandLineCompletions() will hijack the process and attempt to do bash-style command line flag completion on this value.";
+    tab_completion_columns: i32 = 80, Gflags Int32, Status::Inert(COMPLETION),
+        "Number of columns to use in output for tab completion";
+
+    // ---- glog's flags -------------------------------------------------------------------------------
+    minloglevel: i32 = 0, Glog Int32, HONOURED,
+        "Messages logged at a lower level than this don't actually get logged anywhere";
+    v: i32 = 0, Glog Int32, HONOURED,
+        "Show all VLOG(m) messages for m <= this. Overridable by --vmodule.";
+    vmodule: String = "", Glog String, Status::Inert(GLOG),
+        "per-module verbose level. Argument is a comma-separated list of <module name>=<log level>. <module name> is a glob pattern, matched against the filename base (that is, name ignoring .cc/.h./-inl.h). <log level> overrides any value given by --v.";
+    logtostderr: bool = false, Glog Bool, Status::Inert(GLOG),
+        "log messages go to stderr instead of logfiles";
+    alsologtostderr: bool = false, Glog Bool, Status::Inert(GLOG),
+        "log messages go to stderr in addition to logfiles";
+    colorlogtostderr: bool = false, Glog Bool, Status::Inert(GLOG),
+        "color messages logged to stderr (if supported by terminal)";
+    stderrthreshold: i32 = 2, Glog Int32, Status::Inert(GLOG),
+        "log messages at or above this level are copied to stderr in addition to logfiles.  This flag obsoletes --alsologtostderr.";
+    log_dir: String = "", Glog String, Status::Inert(GLOG),
+        "If specified, logfiles are written into this directory instead of the default logging directory.";
+    log_link: String = "", Glog String, Status::Inert(GLOG),
+        "Put additional links to the log files in this directory";
+    log_prefix: bool = true, Glog Bool, Status::Inert(GLOG),
+        "Prepend the log prefix to the start of each log line";
+    log_backtrace_at: String = "", Glog String, Status::Inert(GLOG),
+        "Emit a backtrace when logging at file:linenum.";
+    logbuflevel: i32 = 0, Glog Int32, Status::Inert(GLOG),
+        "Buffer log messages logged at this level or lower (-1 means don't buffer; 0 means buffer INFO only; ...)";
+    logbufsecs: i32 = 30, Glog Int32, Status::Inert(GLOG),
+        "Buffer log messages for at most this many seconds";
+    logfile_mode: i32 = 436, Glog Int32, Status::Inert(GLOG),
+        "Log file mode/permissions.";
+    max_log_size: i32 = 1800, Glog Int32, Status::Inert(GLOG),
+        "approx. maximum log file size (in MB). A value of 0 will be silently overridden to 1.";
+    stop_logging_if_full_disk: bool = false, Glog Bool, Status::Inert(GLOG),
+        "Stop attempting to log to disk if the disk is full.";
+    drop_log_memory: bool = true, Glog Bool, Status::Inert(GLOG),
+        "Drop in-memory buffers of log contents. Logs can grow very quickly and they are rarely read before they need to be evicted from memory. Instead, drop them from memory as soon as they are flushed to disk.";
+    alsologtoemail: String = "", Glog String, Status::Inert(GLOG),
+        "log messages go to these email addresses in addition to logfiles";
+    logemaillevel: i32 = 999, Glog Int32, Status::Inert(GLOG),
+        "Email log messages logged at this level or higher (0 means email all; 3 means email FATAL only; ...)";
+    logmailer: String = "/bin/mail", Glog String, Status::Inert(GLOG),
+        "Mailer used to send logging email";
+    symbolize_stacktrace: bool = true, Glog Bool, Status::Inert(GLOG),
+        "Symbolize the stack trace in the tombstone";
 }
 
 /// Durations and addresses resolved from a validated [`MasterConfig`].
@@ -180,86 +476,92 @@ pub struct ResolvedConfig {
     pub default_kv_lease_ttl_ms: u64,
     pub default_kv_soft_pin_ttl_ms: u64,
     pub max_kv_soft_pin_ttl_ms: u64,
+    /// The start-up warning line: flags given without effect, config keys that are not flags.
+    pub notice: Option<String>,
 }
 
-/// Rewrites gflags spellings (`-rpc-port=1`, `--rpc-port 1`) into the canonical `--rpc_port`.
-fn normalize_args<I, S>(args: I) -> Vec<String>
-where
-    I: IntoIterator<Item = S>,
-    S: Into<String>,
-{
-    args.into_iter()
-        .map(Into::into)
-        .enumerate()
-        .map(|(i, arg)| {
-            let is_flag = arg.starts_with('-')
-                && arg.len() > 1
-                && !arg[1..].starts_with(|c: char| c.is_ascii_digit());
-            if i == 0 || !is_flag || arg == "-" || arg == "--" {
-                return arg;
-            }
-            let body = arg.trim_start_matches('-');
-            let (name, value) = match body.split_once('=') {
-                Some((name, value)) => (name, Some(value)),
-                None => (body, None),
-            };
-            let name = name.replace('-', "_");
-            let short_help = name == "h";
-            let prefix = if short_help { "-" } else { "--" };
-            match value {
-                Some(value) => format!("{prefix}{name}={value}"),
-                None => format!("{prefix}{name}"),
-            }
-        })
-        .collect()
-}
+/// Allocation strategies of upstream that need a feature we do not build.
+const STRATEGIES_NOT_BUILT: &[(&str, &str)] = &[("cxl", CXL), ("ssd_free_ratio_first", OFFLOAD)];
 
 impl MasterConfig {
-    /// Parses the command line (program name first), reads `--config` if given, and validates.
-    /// Command-line flags override the file.
+    /// Parses the command line (program name first), reads `--config_path` if given, and
+    /// validates. Command-line flags override the file. `--help`/`--version` come back as
+    /// [`ConfigError::Help`].
     pub fn load<I, S>(args: I) -> Result<(MasterConfig, ResolvedConfig), ConfigError>
     where
         I: IntoIterator<Item = S>,
         S: Into<String>,
     {
-        let args = normalize_args(args);
-        let flags =
-            MasterConfig::try_parse_from(&args).map_err(|e| ConfigError::Flags(e.to_string()))?;
-        let config = match &flags.config {
-            None => flags,
-            Some(path) => {
-                let from_file = MasterConfig::from_file(path)?;
-                let matches = <MasterConfig as clap::CommandFactory>::command()
-                    .try_get_matches_from(&args)
-                    .map_err(|e| ConfigError::Flags(e.to_string()))?;
-                merge_explicit(from_file, flags, &matches)?
-            }
+        let args: Vec<String> = args.into_iter().map(Into::into).collect();
+        let command_line = parse_command_line(&args)?;
+        if let Some(text) = command_line.print {
+            return Err(ConfigError::Help(text));
+        }
+        let mut config = command_line.config;
+        let mut given: BTreeSet<&'static str> = command_line.given;
+        let file = if config.config_path.is_empty() {
+            None
+        } else {
+            let path = PathBuf::from(&config.config_path);
+            let values = read_config_file(&path)?;
+            let applied = apply_file(&mut config, &path, &values, &given)?;
+            given.extend(applied);
+            Some((path, values))
         };
-        let resolved = config.validate()?;
+        let mut resolved = config.validate()?;
+        resolved.notice = notice(&config, &given, file.as_ref().map(|(p, v)| (p, v)));
         Ok((config, resolved))
     }
 
-    /// Reads a TOML (or, by extension `.json`, JSON) file of flag values.
-    pub fn from_file(path: &std::path::Path) -> Result<MasterConfig, ConfigError> {
-        let text = std::fs::read_to_string(path).map_err(|source| ConfigError::Read {
-            path: path.to_path_buf(),
-            source,
-        })?;
-        let parse_error = |message: String| ConfigError::Parse {
-            path: path.to_path_buf(),
-            message,
-        };
-        let mut config: MasterConfig = if path.extension().is_some_and(|e| e == "json") {
-            serde_json::from_str(&text).map_err(|e| parse_error(e.to_string()))?
-        } else {
-            toml::from_str(&text).map_err(|e| parse_error(e.to_string()))?
-        };
-        config.config = Some(path.to_path_buf());
-        Ok(config)
+    /// The `tracing` filter glog's `--minloglevel` and `--v` ask for (0 INFO, 1 WARNING, 2 ERROR,
+    /// 3 FATAL; `--v` ≥ 1 adds debug, ≥ 2 trace). `MOONCAKE_LOG` overrides it.
+    pub fn log_filter(&self) -> &'static str {
+        match (self.minloglevel, self.v) {
+            (i32::MIN..=0, 2..) => "trace",
+            (i32::MIN..=0, 1) => "debug",
+            (i32::MIN..=0, _) => "info",
+            (1, _) => "warn",
+            _ => "error",
+        }
+    }
+
+    /// Lines for the flags that ask for a feature mooncake-rs does not build.
+    fn unsupported(&self) -> Vec<String> {
+        let mut lines: Vec<String> = FLAGS
+            .iter()
+            .filter_map(|f| match f.status {
+                Status::Refused(feature) if !self.is_default(f.name) => Some(format!(
+                    "--{}={}: not supported by mooncake-rs ({feature})",
+                    f.name,
+                    self.value_text(f.name).unwrap_or_default()
+                )),
+                _ => None,
+            })
+            .collect();
+        if !self.rpc_enable_tcp_no_delay {
+            lines.push(format!(
+                "--rpc_enable_tcp_no_delay=false: not supported by mooncake-rs ({NO_DELAY_OFF}; \
+                 TCP_NODELAY is always on)"
+            ));
+        }
+        if let Some((_, feature)) = STRATEGIES_NOT_BUILT
+            .iter()
+            .find(|(s, _)| *s == self.allocation_strategy)
+        {
+            lines.push(format!(
+                "--allocation_strategy={}: not supported by mooncake-rs ({feature})",
+                self.allocation_strategy
+            ));
+        }
+        lines
     }
 
     /// Checks every value; returns the resolved addresses and durations.
     pub fn validate(&self) -> Result<ResolvedConfig, ConfigError> {
+        let unsupported = self.unsupported();
+        if !unsupported.is_empty() {
+            return Err(ConfigError::Unsupported(unsupported));
+        }
         let invalid = |flag: &'static str, message: String| ConfigError::Invalid { flag, message };
         let duration = |flag: &'static str, text: &str| {
             parse_duration_ms(text).map_err(|e| invalid(flag, e.to_string()))
@@ -323,7 +625,7 @@ impl MasterConfig {
             return Err(invalid(
                 "allocation_strategy",
                 format!(
-                    "unknown or unsupported strategy {:?} (random, free_ratio_first, local_first)",
+                    "unknown strategy {:?} (random, free_ratio_first, local_first)",
                     self.allocation_strategy
                 ),
             ));
@@ -361,10 +663,13 @@ impl MasterConfig {
         } else {
             None
         };
-        let rpc_threads = [self.rpc_thread_num, self.max_threads]
-            .into_iter()
-            .find(|&n| n > 0)
-            .unwrap_or_else(|| std::thread::available_parallelism().map_or(2, |n| n.get()));
+        // Upstream: rpc_thread_num, else max_threads capped at the core count.
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let rpc_threads = match (self.rpc_thread_num, self.max_threads) {
+            (0, 0) => cores,
+            (0, max) => max.min(cores),
+            (n, _) => n,
+        };
         Ok(ResolvedConfig {
             rpc_addr,
             metrics_addr,
@@ -373,6 +678,7 @@ impl MasterConfig {
             default_kv_lease_ttl_ms,
             default_kv_soft_pin_ttl_ms,
             max_kv_soft_pin_ttl_ms,
+            notice: None,
         })
     }
 }
@@ -413,30 +719,6 @@ impl MasterConfig {
     }
 }
 
-/// Starts from the file's values and applies only the flags given explicitly on the command line.
-fn merge_explicit(
-    from_file: MasterConfig,
-    flags: MasterConfig,
-    matches: &clap::ArgMatches,
-) -> Result<MasterConfig, ConfigError> {
-    use clap::parser::ValueSource;
-    let mut merged =
-        serde_json::to_value(&from_file).map_err(|e| ConfigError::Flags(e.to_string()))?;
-    let flag_values =
-        serde_json::to_value(&flags).map_err(|e| ConfigError::Flags(e.to_string()))?;
-    if let (Some(merged), Some(flag_values)) = (merged.as_object_mut(), flag_values.as_object()) {
-        for (name, value) in flag_values {
-            if matches.value_source(name) == Some(ValueSource::CommandLine) {
-                merged.insert(name.clone(), value.clone());
-            }
-        }
-    }
-    let mut config: MasterConfig =
-        serde_json::from_value(merged).map_err(|e| ConfigError::Flags(e.to_string()))?;
-    config.config = from_file.config;
-    Ok(config)
-}
-
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -446,6 +728,28 @@ mod tests {
         let mut all = vec!["mooncake-master"];
         all.extend_from_slice(args);
         MasterConfig::load(all)
+    }
+
+    struct TempDir(PathBuf);
+
+    impl TempDir {
+        fn new(tag: &str) -> TempDir {
+            let dir = std::env::temp_dir().join(format!("mc-config-{tag}-{}", std::process::id()));
+            let _ = std::fs::remove_dir_all(&dir);
+            std::fs::create_dir_all(&dir).unwrap();
+            TempDir(dir)
+        }
+        fn file(&self, name: &str, text: &str) -> String {
+            let path = self.0.join(name);
+            std::fs::write(&path, text).unwrap();
+            path.display().to_string()
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
     }
 
     #[test]
@@ -464,12 +768,38 @@ mod tests {
         assert!(config.allow_evict_soft_pinned_objects);
         assert!(!config.enable_multi_tenants);
         assert_eq!(config.allocation_strategy, "random");
+        assert_eq!(config.max_threads, 16);
         assert_eq!(resolved.metadata_addr, None);
+        assert_eq!(resolved.notice, None);
         assert_eq!(config, MasterConfig::default());
     }
 
     #[test]
-    fn both_spellings_and_gflags_forms_are_accepted() {
+    fn every_table_default_parses_back_to_the_typed_default() {
+        let defaults = MasterConfig::default();
+        let mut names = BTreeSet::new();
+        for f in FLAGS {
+            assert!(names.insert(f.name), "{} is in the table twice", f.name);
+            for alias in f.aliases {
+                assert!(names.insert(alias), "alias {alias} is taken");
+            }
+            let mut c = MasterConfig::default();
+            c.set_text(f.name, f.default_text()).unwrap();
+            assert_eq!(c, defaults, "default of {} does not round-trip", f.name);
+            assert!(defaults.is_default(f.name));
+            assert!(find_flag(f.name).is_some_and(|found| found.name == f.name));
+        }
+        let count = |o: Origin| FLAGS.iter().filter(|f| f.origin == o).count();
+        assert_eq!(count(Origin::Master), 99, "mooncake_master's own flags");
+        assert_eq!(
+            count(Origin::Gflags) + count(Origin::Glog),
+            35,
+            "gflags' and glog's"
+        );
+    }
+
+    #[test]
+    fn gflags_forms_and_spellings_are_accepted() {
         let (config, resolved) = load(&[
             "--rpc-port=6000",
             "-metrics_port",
@@ -477,8 +807,10 @@ mod tests {
             "--default-kv-lease-ttl",
             "5s",
             "--enable_multi_tenants",
-            "--allow-evict-soft-pinned-objects=false",
+            "--noallow_evict_soft_pinned_objects",
             "--client_live_ttl_sec=60",
+            "-enable_http_metadata_server=yes",
+            "--config_path=",
         ])
         .unwrap();
         assert_eq!(resolved.rpc_addr.port(), 6000);
@@ -486,7 +818,110 @@ mod tests {
         assert_eq!(resolved.default_kv_lease_ttl_ms, 5000);
         assert!(config.enable_multi_tenants);
         assert!(!config.allow_evict_soft_pinned_objects);
+        assert!(config.enable_http_metadata_server);
         assert_eq!(config.client_ttl, 60);
+        // The last value wins, as in gflags.
+        let (config, _) = load(&["--client_ttl=5", "--client_ttl", "7"]).unwrap();
+        assert_eq!(config.client_ttl, 7);
+        // Negative values after a space are values, not flags.
+        let (config, _) = load(&["--logbuflevel", "-1"]).unwrap();
+        assert_eq!(config.logbuflevel, -1);
+    }
+
+    #[test]
+    fn a_non_default_flag_of_a_feature_not_built_is_refused_naming_it() {
+        let err = load(&["--enable_kv_events=true"]).unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "--enable_kv_events=true: not supported by mooncake-rs (KV cache events)"
+        );
+        assert_eq!(err.exit_code(), 2);
+        let err = load(&["--enable_ha", "--root_fs_dir=/mnt/3fs"]).unwrap_err();
+        let text = err.to_string();
+        assert!(
+            text.contains(
+                "--enable_ha=true: not supported by mooncake-rs (high availability (HA))"
+            ),
+            "{text}"
+        );
+        assert!(
+            text.contains("--root_fs_dir=/mnt/3fs: not supported"),
+            "{text}"
+        );
+        let err = load(&["--allocation_strategy=cxl"]).unwrap_err();
+        assert!(err.to_string().contains("CXL memory"), "{err}");
+        let err = load(&["--rpc_enable_tcp_no_delay=false"]).unwrap_err();
+        assert!(
+            err.to_string().contains("TCP_NODELAY is always on"),
+            "{err}"
+        );
+        let err = load(&["--rpc_interface=eth0"]).unwrap_err();
+        assert!(err.to_string().contains("--rpc_interface=eth0"), "{err}");
+    }
+
+    #[test]
+    fn flags_of_features_not_built_at_their_defaults_are_accepted_with_one_warning() {
+        let (_, resolved) = load(&[
+            "--enable_ha=false",
+            "--etcd_endpoints=http://127.0.0.1:2379",
+            "--enable_snapshot=false",
+            "--logtostderr",
+        ])
+        .unwrap();
+        let notice = resolved.notice.unwrap();
+        assert!(!notice.contains('\n'), "one line: {notice}");
+        for part in [
+            "high availability (HA): enable_ha, etcd_endpoints=\"http://127.0.0.1:2379\"",
+            "master snapshots: enable_snapshot",
+            "logtostderr=\"true\"",
+        ] {
+            assert!(notice.contains(part), "{part} missing in {notice}");
+        }
+        // Honoured flags are not in it.
+        let (_, resolved) = load(&["--rpc_port=7000", "--v=0"]).unwrap();
+        assert_eq!(resolved.notice, None);
+    }
+
+    #[test]
+    fn unknown_flags_and_bad_syntax_are_refused() {
+        let err = load(&["--no_such_flag=1"]).unwrap_err();
+        assert!(matches!(err, ConfigError::Flags(_)));
+        assert!(err.to_string().contains("--no_such_flag"), "{err}");
+        assert_eq!(err.exit_code(), 2);
+        // gflags' --undefok lets named unknown flags through.
+        load(&[
+            "--undefok=no_such_flag,other",
+            "--no_such_flag=1",
+            "--other",
+        ])
+        .unwrap();
+        // Booleans take their value only after '='.
+        let err = load(&["--enable_multi_tenants", "false"]).unwrap_err();
+        assert!(
+            err.to_string().contains("unexpected argument \"false\""),
+            "{err}"
+        );
+        let err = load(&["--rpc_port"]).unwrap_err();
+        assert!(
+            err.to_string().contains("--rpc_port is missing its value"),
+            "{err}"
+        );
+        assert!(matches!(
+            load(&["--rpc_port=70000"]),
+            Err(ConfigError::Invalid {
+                flag: "rpc_port",
+                ..
+            })
+        ));
+        assert!(matches!(
+            load(&["--enable_ha=maybe"]),
+            Err(ConfigError::Invalid {
+                flag: "enable_ha",
+                ..
+            })
+        ));
+        let err = load(&["--noenable_ha=1"]).unwrap_err();
+        assert!(err.to_string().contains("takes no value"), "{err}");
     }
 
     #[test]
@@ -510,19 +945,12 @@ mod tests {
             ),
             (&["--rpc_address=localhost"], "rpc_address"),
             (&["--client_ttl=0"], "client_ttl"),
+            (&["--rpc_thread_num=-1"], "rpc_thread_num"),
         ];
         for (args, flag) in cases {
             let err = load(args).unwrap_err();
             assert!(err.to_string().contains(flag), "{args:?} gave {err}");
         }
-        assert!(matches!(
-            load(&["--no_such_flag=1"]),
-            Err(ConfigError::Flags(_))
-        ));
-        assert!(matches!(
-            load(&["--rpc_port=70000"]),
-            Err(ConfigError::Flags(_))
-        ));
     }
 
     #[test]
@@ -564,26 +992,208 @@ mod tests {
     }
 
     #[test]
-    fn config_file_values_apply_and_flags_override_them() {
-        let dir = std::env::temp_dir().join(format!("mc-config-{}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("master.toml");
-        std::fs::write(
-            &path,
-            "rpc_port = 6100\neviction_ratio = 0.1\neviction_high_watermark_ratio = 1.0\nclient_ttl = 60\n",
-        )
-        .unwrap();
-        let path_arg = format!("--config={}", path.display());
-        let (config, resolved) = load(&[&path_arg, "--client_ttl=5"]).unwrap();
+    fn help_and_version_print_and_exit_zero() {
+        for arg in ["--help", "-help", "--helpfull", "-h", "--helpshort"] {
+            let err = load(&[arg]).unwrap_err();
+            assert_eq!(err.exit_code(), 0, "{arg}");
+            let text = err.to_string();
+            assert!(text.starts_with("Usage: mooncake master"), "{arg}: {text}");
+            assert!(text.contains("--enable_kv_events (bool, default \"false\") [KV cache events]"));
+        }
+        let text = load(&["--helpmatch=snapshot"]).unwrap_err().to_string();
+        assert!(text.contains("--snapshot_interval_seconds") && !text.contains("--rpc_port"));
+        let err = load(&["--version"]).unwrap_err();
+        assert_eq!(err.exit_code(), 0);
+        assert!(err.to_string().contains("mooncake-rs"));
+        assert!(load(&["--help=false"]).is_ok());
+    }
+
+    #[test]
+    fn flagfile_and_environment_give_flags() {
+        let dir = TempDir::new("flagfile");
+        let inner = dir.file("inner.flags", "--metrics_port=7100\n");
+        let outer = dir.file(
+            "outer.flags",
+            &format!("# a comment\n--rpc_port=6100\n\n--flagfile={inner}\n--client_ttl=3\n"),
+        );
+        let (config, resolved) = load(&[&format!("--flagfile={outer}"), "--client_ttl=4"]).unwrap();
         assert_eq!(resolved.rpc_addr.port(), 6100);
+        assert_eq!(resolved.metrics_addr.port(), 7100);
+        assert_eq!(config.client_ttl, 4, "a later command-line flag wins");
+        let looping = dir.file("loop.flags", "");
+        std::fs::write(&looping, format!("--flagfile={looping}\n")).unwrap();
+        let err = load(&[&format!("--flagfile={looping}")]).unwrap_err();
+        assert!(err.to_string().contains("nested"), "{err}");
+        let bad = dir.file("bad.flags", "rpc_port=1\n");
+        let err = load(&[&format!("--flagfile={bad}")]).unwrap_err();
+        assert!(err.to_string().contains("line 1"), "{err}");
+
+        // No other test reads FLAGS_cluster_id.
+        std::env::set_var("FLAGS_cluster_id", "from-env-cluster");
+        let (config, _) = load(&["--fromenv=cluster_id"]).unwrap();
+        assert_eq!(config.cluster_id, "from-env-cluster");
+        std::env::remove_var("FLAGS_cluster_id");
+        assert!(load(&["--fromenv=cluster_id"]).is_err());
+        let (config, _) = load(&["--tryfromenv=cluster_id"]).unwrap();
+        assert_eq!(config.cluster_id, "mooncake_cluster");
+    }
+
+    #[test]
+    fn yaml_and_json_files_apply_and_the_command_line_overrides_them() {
+        let dir = TempDir::new("files");
+        let yaml = dir.file(
+            "master.yaml",
+            "rpc_port: 6100\neviction_ratio: 0.1\neviction_high_watermark_ratio: 1.0\n\
+             client_live_ttl_sec: 60\nrpc_address: \"127.0.0.1\"\ndefault_kv_lease_ttl: 5000\n\
+             enable_ha: false\netcd_endpoints: \"http://localhost:2379\"\n\
+             tenant_eviction_high_watermark_ratio: 0.9\nsome:\n  nested: 1\n",
+        );
+        let (config, resolved) =
+            load(&[&format!("--config_path={yaml}"), "--client_ttl=5"]).unwrap();
+        assert_eq!(resolved.rpc_addr, "127.0.0.1:6100".parse().unwrap());
         assert_eq!(config.eviction_ratio, 0.1);
         assert_eq!(config.eviction_high_watermark_ratio, 1.0);
-        assert_eq!(config.client_ttl, 5);
+        assert_eq!(resolved.default_kv_lease_ttl_ms, 5000);
+        assert_eq!(config.client_ttl, 5, "the command line wins over the file");
+        let notice = resolved.notice.unwrap();
+        assert!(notice.contains("enable_ha"), "{notice}");
+        assert!(
+            notice
+                .contains("not flags, ignored: tenant_eviction_high_watermark_ratio, some.nested"),
+            "{notice}"
+        );
 
-        std::fs::write(&path, "rpc_portt = 1\n").unwrap();
-        assert!(matches!(load(&[&path_arg]), Err(ConfigError::Parse { .. })));
-        let missing = format!("--config_path={}", dir.join("nope.toml").display());
+        let json = dir.file(
+            "master.json",
+            r#"{"rpc_port": 6200, "enable_metric_reporting": false, "cluster_id": "c1",
+                "max_threads": "4", "eviction_ratio": 0.2}"#,
+        );
+        let (config, resolved) = load(&["--config", &json, "--rpc_port=6300"]).unwrap();
+        assert_eq!(resolved.rpc_addr.port(), 6300);
+        assert!(!config.enable_metric_reporting);
+        assert_eq!(config.cluster_id, "c1");
+        assert_eq!(config.max_threads, 4);
+        assert_eq!(config.eviction_ratio, 0.2);
+
+        // A file asking for a feature not built is refused like the flag.
+        let ha = dir.file("ha.yaml", "enable_ha: true\n");
+        let err = load(&[&format!("--config_path={ha}")]).unwrap_err();
+        assert!(
+            err.to_string().contains("--enable_ha=true: not supported"),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn file_errors_name_the_file_and_the_key() {
+        let dir = TempDir::new("errors");
+        let cases = [
+            ("bad-type.yaml", "rpc_port: fifty\n", "key `rpc_port`"),
+            (
+                "bad-type.json",
+                r#"{"eviction_ratio": "lots"}"#,
+                "key `eviction_ratio`",
+            ),
+            (
+                "bad-bool.json",
+                r#"{"enable_multi_tenants": 3}"#,
+                "key `enable_multi_tenants`",
+            ),
+            ("list.yaml", "cluster_id: [a, b]\n", "key `cluster_id`"),
+            ("null.json", r#"{"cluster_id": null}"#, "key `cluster_id`"),
+            ("syntax.yaml", "rpc_port: [\n", "invalid YAML"),
+            ("syntax.json", "{\"rpc_port\": ", "invalid JSON"),
+            (
+                "twice.yaml",
+                "client_ttl: 1\nclient_live_ttl_sec: 2\n",
+                "client_live_ttl_sec",
+            ),
+            (
+                "nested.yaml",
+                "config_path: other.yaml\n",
+                "key `config_path`",
+            ),
+            ("top.json", "[1, 2]", "top level"),
+            ("unknown.toml", "rpc_portt = 1\n", "key `rpc_portt`"),
+            (
+                "master.ini",
+                "rpc_port=1\n",
+                "unsupported config file format",
+            ),
+        ];
+        for (name, text, expected) in cases {
+            let path = dir.file(name, text);
+            let err = load(&[&format!("--config_path={path}")]).unwrap_err();
+            let message = err.to_string();
+            assert!(
+                matches!(err, ConfigError::Parse { .. }),
+                "{name}: not a parse error: {message}"
+            );
+            assert!(
+                message.contains(&path),
+                "{name}: file not named in {message}"
+            );
+            assert!(
+                message.contains(expected),
+                "{name}: {expected:?} not in {message}"
+            );
+        }
+        let missing = format!("--config_path={}", dir.0.join("nope.yaml").display());
         assert!(matches!(load(&[&missing]), Err(ConfigError::Read { .. })));
-        std::fs::remove_dir_all(&dir).unwrap();
+    }
+
+    #[test]
+    fn toml_files_keep_working() {
+        let dir = TempDir::new("toml");
+        let path = dir.file(
+            "master.toml",
+            "rpc_port = 6100\neviction_ratio = 0.1\neviction_high_watermark_ratio = 1.0\nclient_ttl = 60\n",
+        );
+        let (config, resolved) = load(&[&format!("--config={path}"), "--client_ttl=5"]).unwrap();
+        assert_eq!(resolved.rpc_addr.port(), 6100);
+        assert_eq!(config.eviction_ratio, 0.1);
+        assert_eq!(config.client_ttl, 5);
+    }
+
+    #[test]
+    fn glog_levels_choose_the_log_filter() {
+        let filter = |args: &[&str]| load(args).unwrap().0.log_filter();
+        assert_eq!(filter(&[]), "info");
+        assert_eq!(filter(&["--minloglevel=1"]), "warn");
+        assert_eq!(filter(&["--minloglevel=2"]), "error");
+        assert_eq!(filter(&["--v=1"]), "debug");
+        assert_eq!(filter(&["--v=3"]), "trace");
+    }
+
+    /// `MC_WRITE_DOCS=1 cargo test -p mooncake-server docs_carry` rewrites the doc's table.
+    #[test]
+    fn docs_carry_the_flag_table() {
+        const BEGIN: &str = "<!-- flag table: generated from crates/server/src/config.rs -->\n";
+        const END: &str = "<!-- end of flag table -->";
+        let path =
+            std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../docs/master-server.md");
+        let doc = std::fs::read_to_string(&path).unwrap();
+        let start = doc.find(BEGIN).expect("begin marker") + BEGIN.len();
+        let end = doc.find(END).expect("end marker");
+        let table = flag_table_markdown();
+        if std::env::var_os("MC_WRITE_DOCS").is_some() {
+            let updated = format!("{}{table}{}", &doc[..start], &doc[end..]);
+            std::fs::write(&path, updated).unwrap();
+        } else {
+            assert_eq!(
+                &doc[start..end],
+                table,
+                "docs/master-server.md's flag table is stale: rerun with MC_WRITE_DOCS=1"
+            );
+        }
+    }
+
+    #[test]
+    fn rpc_threads_follow_upstream() {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        let threads = |args: &[&str]| load(args).unwrap().1.rpc_threads;
+        assert_eq!(threads(&[]), cores.min(16));
+        assert_eq!(threads(&["--rpc_thread_num=3"]), 3);
+        assert_eq!(threads(&["--max_threads=1"]), 1);
     }
 }

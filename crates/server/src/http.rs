@@ -94,6 +94,12 @@ pub fn admin_router(state: AdminState) -> Router {
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
+    // The census walks every shard: off the async workers.
+    let master = state.master.clone();
+    let census = match tokio::task::spawn_blocking(move || master.object_census()).await {
+        Ok(census) => census,
+        Err(_) => return error_response(ErrorCode::INTERNAL_ERROR, None),
+    };
     let master = &state.master;
     let usage = master.segment_usage();
     let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
@@ -117,7 +123,19 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         &mut out,
         "master_key_count",
         "Total number of keys managed by the master",
-        master.object_count() as f64,
+        census.objects as f64,
+    );
+    gauge(
+        &mut out,
+        "master_soft_pin_key_count",
+        "Total number of soft-pinned keys managed by the master",
+        census.soft_pinned as f64,
+    );
+    gauge(
+        &mut out,
+        "mem_cache_nums_",
+        "Current number of cached values in the memory pool",
+        census.in_memory as f64,
     );
     gauge(
         &mut out,
@@ -151,6 +169,25 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     }
     state.metrics.render(&mut out);
     state.workers.render(&mut out);
+    let core = master.counters();
+    crate::metrics::counter(
+        &mut out,
+        "master_put_start_discard_cnt",
+        "Total number of discarded PutStart operations",
+        core.put_start_discards(),
+    );
+    crate::metrics::counter(
+        &mut out,
+        "master_put_start_release_cnt",
+        "Total number of released PutStart operations",
+        core.put_start_releases(),
+    );
+    gauge(
+        &mut out,
+        "master_put_start_discarded_staging_size",
+        "Total size of memory replicas in discarded but not yet released PutStart operations",
+        census.discarded_staging_bytes as f64,
+    );
     if let Some(stats) = &state.rpc_stats {
         use std::sync::atomic::Ordering::Relaxed;
         gauge(
@@ -223,7 +260,11 @@ fn escape_label(value: &str) -> String {
 }
 
 async fn summary(State(state): State<AdminState>) -> Response {
-    let master = &state.master;
+    text(format!("{}\n", summary_text(&state.master)))
+}
+
+/// The `/metrics/summary` line (also logged every 10 s with `--enable_metric_reporting`).
+pub fn summary_text(master: &MasterService) -> String {
     let usage = master.segment_usage();
     let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
     let capacity = master.total_capacity_bytes();
@@ -232,13 +273,13 @@ async fn summary(State(state): State<AdminState>) -> Response {
     } else {
         allocated as f64 * 100.0 / capacity as f64
     };
-    text(format!(
-        "role=leader, state=serving, service_ready=true, master={{Mem Storage: {} / {} ({percent:.1}%) | Keys: {} | Segments: {}}}\n",
+    format!(
+        "role=leader, state=serving, service_ready=true, master={{Mem Storage: {} / {} ({percent:.1}%) | Keys: {} | Segments: {}}}",
         format_size(allocated),
         format_size(capacity),
         master.object_count(),
         usage.len(),
-    ))
+    )
 }
 
 async fn health(State(state): State<AdminState>) -> Response {

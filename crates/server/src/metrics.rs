@@ -1,27 +1,112 @@
-//! Prometheus text for `/metrics`, with upstream's `master_*` family names where one exists.
+//! Prometheus text for `/metrics`, under upstream's family names, types and labels wherever the
+//! feature behind a family is built (docs/master-server.md lists every upstream family and what
+//! we do with it).
 //!
-//! Per-RPC counters are named `master_<snake_case_method>_requests_total` and
-//! `..._failures_total` as upstream (`master_put_start_requests_total`, …). A failure is a
-//! reply carrying an error code or a request the server could not decode.
+//! Per-RPC counters are `master_<snake_case_method>_requests_total` and `..._failures_total` as
+//! upstream (`master_put_start_requests_total`, …; `ReMountSegment` is `remount_segment` and
+//! `MarkTaskToComplete` is also exported as upstream's `update_task`). A single call fails when
+//! its reply carries an error code or the server cannot decode it. Batch calls count as upstream
+//! does: `_failures_total` when the call or every item failed, `_partial_successes_total` when
+//! some items failed, and `_items_total` / `_failed_items_total` per item.
 
+use mooncake_common::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaKind};
 use mooncake_proto::METHODS;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Request and failure counters for every RPC method.
+/// Upstream's bucket bounds of `master_value_size_bytes` (4 KiB … 64 MiB).
+pub const VALUE_SIZE_BUCKETS: [u64; 7] = [
+    4 << 10,
+    64 << 10,
+    256 << 10,
+    1 << 20,
+    4 << 20,
+    16 << 20,
+    64 << 20,
+];
+
+/// A histogram of byte sizes with fixed bounds; rendered cumulatively as Prometheus wants.
+#[derive(Debug, Default)]
+pub struct SizeHistogram {
+    /// One slot per bound, then the overflow slot (`+Inf` only).
+    slots: [AtomicU64; VALUE_SIZE_BUCKETS.len() + 1],
+    sum: AtomicU64,
+    count: AtomicU64,
+}
+
+impl SizeHistogram {
+    pub fn observe(&self, bytes: u64) {
+        let slot = VALUE_SIZE_BUCKETS
+            .iter()
+            .position(|&bound| bytes <= bound)
+            .unwrap_or(VALUE_SIZE_BUCKETS.len());
+        self.slots[slot].fetch_add(1, Ordering::Relaxed);
+        self.sum.fetch_add(bytes, Ordering::Relaxed);
+        self.count.fetch_add(1, Ordering::Relaxed);
+    }
+
+    pub fn count(&self) -> u64 {
+        self.count.load(Ordering::Relaxed)
+    }
+
+    /// Appends the family; `le` labels are written as upstream writes them (`4096.000000`).
+    pub fn render(&self, out: &mut String, name: &str, help: &str) {
+        let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
+        let mut cumulative = 0;
+        for (bound, slot) in VALUE_SIZE_BUCKETS.iter().zip(&self.slots) {
+            cumulative += slot.load(Ordering::Relaxed);
+            let _ = writeln!(out, "{name}_bucket{{le=\"{bound}.000000\"}} {cumulative}");
+        }
+        cumulative += self.slots[VALUE_SIZE_BUCKETS.len()].load(Ordering::Relaxed);
+        let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
+        let _ = writeln!(out, "{name}_sum {}", self.sum.load(Ordering::Relaxed));
+        let _ = writeln!(out, "{name}_count {}", self.count.load(Ordering::Relaxed));
+    }
+}
+
+/// Request, failure and batch-item counters for every RPC method, and what the dispatcher learns
+/// from the replies (gets served from memory, allocation failures, value sizes).
 #[derive(Debug)]
 pub struct RpcMetrics {
     requests: Vec<AtomicU64>,
     failures: Vec<AtomicU64>,
+    partial_successes: Vec<AtomicU64>,
+    items: Vec<AtomicU64>,
+    failed_items: Vec<AtomicU64>,
     unknown_method_requests: AtomicU64,
+    put_start_alloc_failures: AtomicU64,
+    put_start_partial_allocations: AtomicU64,
+    put_start_object_already_exists: AtomicU64,
+    batch_put_start_object_already_exists: AtomicU64,
+    total_gets: AtomicU64,
+    valid_gets: AtomicU64,
+    mem_cache_hits: AtomicU64,
+    mem_cache_hit_bytes: AtomicU64,
+    value_sizes: SizeHistogram,
+}
+
+fn counters() -> Vec<AtomicU64> {
+    METHODS.iter().map(|_| AtomicU64::new(0)).collect()
 }
 
 impl Default for RpcMetrics {
     fn default() -> Self {
         RpcMetrics {
-            requests: METHODS.iter().map(|_| AtomicU64::new(0)).collect(),
-            failures: METHODS.iter().map(|_| AtomicU64::new(0)).collect(),
+            requests: counters(),
+            failures: counters(),
+            partial_successes: counters(),
+            items: counters(),
+            failed_items: counters(),
             unknown_method_requests: AtomicU64::new(0),
+            put_start_alloc_failures: AtomicU64::new(0),
+            put_start_partial_allocations: AtomicU64::new(0),
+            put_start_object_already_exists: AtomicU64::new(0),
+            batch_put_start_object_already_exists: AtomicU64::new(0),
+            total_gets: AtomicU64::new(0),
+            valid_gets: AtomicU64::new(0),
+            mem_cache_hits: AtomicU64::new(0),
+            mem_cache_hit_bytes: AtomicU64::new(0),
+            value_sizes: SizeHistogram::default(),
         }
     }
 }
@@ -30,54 +115,217 @@ fn slot(method: u16) -> Option<usize> {
     METHODS.iter().position(|(id, _)| *id == method)
 }
 
+fn add(counter: &AtomicU64, n: u64) {
+    counter.fetch_add(n, Ordering::Relaxed);
+}
+
+fn get(counter: &AtomicU64) -> u64 {
+    counter.load(Ordering::Relaxed)
+}
+
+/// Upstream's family stem of a method where it is not the plain snake case.
+fn family(name: &str) -> String {
+    match name {
+        "ReMountSegment" => "remount_segment".to_string(),
+        other => snake_case(other),
+    }
+}
+
+/// Upstream families that count one of our methods under another name.
+const ALSO_EXPORTED_AS: &[(&str, &str)] = &[("MarkTaskToComplete", "update_task")];
+
 impl RpcMetrics {
     /// Counts one request of `method`, and a failure when `failed`.
     pub fn record(&self, method: u16, failed: bool) {
         match slot(method) {
             Some(i) => {
-                self.requests[i].fetch_add(1, Ordering::Relaxed);
+                add(&self.requests[i], 1);
                 if failed {
-                    self.failures[i].fetch_add(1, Ordering::Relaxed);
+                    add(&self.failures[i], 1);
                 }
             }
-            None => {
-                self.unknown_method_requests.fetch_add(1, Ordering::Relaxed);
+            None => add(&self.unknown_method_requests, 1),
+        }
+    }
+
+    /// Counts one batch call of `method` over `items` items of which `failed_items` failed
+    /// (`call_failed`: the whole call was refused, every item counts as failed).
+    pub fn record_batch(&self, method: u16, items: usize, failed_items: usize, call_failed: bool) {
+        let Some(i) = slot(method) else {
+            add(&self.unknown_method_requests, 1);
+            return;
+        };
+        let failed_items = if call_failed {
+            items
+        } else {
+            failed_items.min(items)
+        };
+        add(&self.requests[i], 1);
+        if call_failed || (items > 0 && failed_items == items) {
+            add(&self.failures[i], 1);
+        } else if failed_items > 0 {
+            add(&self.partial_successes[i], 1);
+        }
+        add(&self.items[i], items as u64);
+        add(&self.failed_items[i], failed_items as u64);
+    }
+
+    /// Counts one GetReplicaList result (a single call or a batch item): upstream's
+    /// `total_get_nums_`, `valid_get_nums_` and the memory cache hit counters.
+    pub fn record_get(&self, result: &Result<GetReplicaListResponse, ErrorCode>) {
+        add(&self.total_gets, 1);
+        if let Ok(response) = result {
+            add(&self.valid_gets, 1);
+            if let Some(ReplicaKind::Memory(m)) = response.replicas.first().map(|r| &r.kind) {
+                add(&self.mem_cache_hits, 1);
+                add(&self.mem_cache_hit_bytes, m.size);
             }
+        }
+    }
+
+    /// Counts one PutStart result (a single call or a batch item): value sizes of allocated puts,
+    /// allocation failures, partial allocations (fewer memory replicas than asked), and puts
+    /// refused because the key exists.
+    pub fn record_put_start(
+        &self,
+        value_len: u64,
+        replicas_wanted: usize,
+        result: &Result<Vec<ReplicaDescriptor>, ErrorCode>,
+        in_batch: bool,
+    ) {
+        match result {
+            Ok(replicas) => {
+                self.value_sizes.observe(value_len);
+                let memory = replicas
+                    .iter()
+                    .filter(|r| matches!(r.kind, ReplicaKind::Memory(_)))
+                    .count();
+                if memory < replicas_wanted {
+                    add(&self.put_start_partial_allocations, 1);
+                }
+            }
+            Err(ErrorCode::NO_AVAILABLE_HANDLE) => add(&self.put_start_alloc_failures, 1),
+            Err(ErrorCode::OBJECT_ALREADY_EXISTS) if in_batch => {
+                add(&self.batch_put_start_object_already_exists, 1)
+            }
+            Err(ErrorCode::OBJECT_ALREADY_EXISTS) => add(&self.put_start_object_already_exists, 1),
+            Err(_) => {}
         }
     }
 
     /// Requests of `method` so far.
     pub fn requests(&self, method: u16) -> u64 {
-        slot(method).map_or(0, |i| self.requests[i].load(Ordering::Relaxed))
+        slot(method).map_or(0, |i| get(&self.requests[i]))
     }
 
     /// Failed requests of `method` so far.
     pub fn failures(&self, method: u16) -> u64 {
-        slot(method).map_or(0, |i| self.failures[i].load(Ordering::Relaxed))
+        slot(method).map_or(0, |i| get(&self.failures[i]))
     }
 
     /// Appends the counters in Prometheus text format.
     pub fn render(&self, out: &mut String) {
         for (i, (_, name)) in METHODS.iter().enumerate() {
-            let snake = snake_case(name);
-            counter(
-                out,
-                &format!("master_{snake}_requests_total"),
-                &format!("Total number of {name} requests received"),
-                self.requests[i].load(Ordering::Relaxed),
+            let mut stems = vec![family(name)];
+            stems.extend(
+                ALSO_EXPORTED_AS
+                    .iter()
+                    .filter(|(ours, _)| ours == name)
+                    .map(|(_, theirs)| theirs.to_string()),
             );
-            counter(
-                out,
-                &format!("master_{snake}_failures_total"),
-                &format!("Total number of failed {name} requests"),
-                self.failures[i].load(Ordering::Relaxed),
-            );
+            for stem in stems {
+                counter(
+                    out,
+                    &format!("master_{stem}_requests_total"),
+                    &format!("Total number of {name} requests received"),
+                    get(&self.requests[i]),
+                );
+                counter(
+                    out,
+                    &format!("master_{stem}_failures_total"),
+                    &format!("Total number of failed {name} requests"),
+                    get(&self.failures[i]),
+                );
+                if name.starts_with("Batch") {
+                    counter(
+                        out,
+                        &format!("master_{stem}_partial_successes_total"),
+                        &format!("Total number of partially successful {name} requests"),
+                        get(&self.partial_successes[i]),
+                    );
+                    counter(
+                        out,
+                        &format!("master_{stem}_items_total"),
+                        &format!("Total number of items processed in {name} requests"),
+                        get(&self.items[i]),
+                    );
+                    counter(
+                        out,
+                        &format!("master_{stem}_failed_items_total"),
+                        &format!("Total number of failed items in {name} requests"),
+                        get(&self.failed_items[i]),
+                    );
+                }
+            }
         }
         counter(
             out,
             "master_unknown_method_requests_total",
             "Requests naming a method this master does not know",
-            self.unknown_method_requests.load(Ordering::Relaxed),
+            get(&self.unknown_method_requests),
+        );
+        counter(
+            out,
+            "master_put_start_alloc_failures_total",
+            "Total number of PutStart failures caused by replica allocation failure",
+            get(&self.put_start_alloc_failures),
+        );
+        counter(
+            out,
+            "master_put_start_partial_allocations_total",
+            "Total number of PutStart operations that allocated fewer replicas than requested",
+            get(&self.put_start_partial_allocations),
+        );
+        counter(
+            out,
+            "master_put_start_object_already_exists_total",
+            "Total number of PutStart requests refused because the object already exists",
+            get(&self.put_start_object_already_exists),
+        );
+        counter(
+            out,
+            "master_batch_put_start_object_already_exists_total",
+            "Total number of BatchPutStart items refused because the object already exists",
+            get(&self.batch_put_start_object_already_exists),
+        );
+        counter(
+            out,
+            "mem_cache_hit_nums_",
+            "Total number of GetReplicaList results served from the memory pool",
+            get(&self.mem_cache_hits),
+        );
+        counter(
+            out,
+            "mem_cache_hit_bytes_total",
+            "Total bytes of GetReplicaList results served from the memory pool",
+            get(&self.mem_cache_hit_bytes),
+        );
+        counter(
+            out,
+            "valid_get_nums_",
+            "Total number of GetReplicaList operations that returned at least one completed replica",
+            get(&self.valid_gets),
+        );
+        counter(
+            out,
+            "total_get_nums_",
+            "Total number of GetReplicaList operations",
+            get(&self.total_gets),
+        );
+        self.value_sizes.render(
+            out,
+            "master_value_size_bytes",
+            "Distribution of object value sizes",
         );
     }
 }
@@ -85,6 +333,9 @@ impl RpcMetrics {
 /// Counters of the background workers.
 #[derive(Debug, Default)]
 pub struct WorkerMetrics {
+    /// Eviction cycles that ran (over the watermark or after an allocation failure).
+    pub eviction_attempts: AtomicU64,
+    /// Eviction cycles that removed at least one object.
     pub eviction_cycles: AtomicU64,
     pub evicted_objects: AtomicU64,
     pub evicted_bytes: AtomicU64,
@@ -92,27 +343,50 @@ pub struct WorkerMetrics {
 }
 
 impl WorkerMetrics {
-    /// Appends the counters in Prometheus text format.
+    /// Appends the counters in Prometheus text format. Eviction is memory eviction only, so the
+    /// `_mem` families (upstream splits memory from NoF) carry the same values as the totals.
     pub fn render(&self, out: &mut String) {
-        let get = |c: &AtomicU64| c.load(Ordering::Relaxed);
-        counter(
-            out,
-            "master_eviction_cycles_total",
-            "Eviction cycles that found work to do",
-            get(&self.eviction_cycles),
-        );
-        counter(
-            out,
-            "master_evicted_keys_total",
-            "Objects removed by eviction",
-            get(&self.evicted_objects),
-        );
-        counter(
-            out,
-            "master_evicted_bytes_total",
-            "Bytes freed by eviction",
-            get(&self.evicted_bytes),
-        );
+        let eviction = [
+            (
+                "master_attempted_evictions",
+                "Total number of attempted eviction operations",
+                get(&self.eviction_attempts),
+            ),
+            (
+                "master_successful_evictions",
+                "Total number of successful eviction operations",
+                get(&self.eviction_cycles),
+            ),
+        ];
+        for (stem, help, value) in eviction {
+            counter(out, &format!("{stem}_total"), help, value);
+            counter(
+                out,
+                &format!("{stem}_mem"),
+                &format!("{help} in memory"),
+                value,
+            );
+        }
+        for (name, help, value) in [
+            (
+                "master_evicted_key_count",
+                "Total number of keys evicted",
+                get(&self.evicted_objects),
+            ),
+            (
+                "master_evicted_size_bytes",
+                "Total bytes of evicted objects",
+                get(&self.evicted_bytes),
+            ),
+        ] {
+            counter(out, name, help, value);
+            counter(
+                out,
+                &format!("{name}_mem"),
+                &format!("{help} from memory"),
+                value,
+            );
+        }
         counter(
             out,
             "master_expired_clients_total",
@@ -157,7 +431,29 @@ pub fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use mooncake_proto::methods::{Method, PutStart};
+    use mooncake_common::{MemoryDescriptor, ReplicaId, ReplicaStatus};
+    use mooncake_proto::methods::{
+        BatchPutStart, MarkTaskToComplete, Method, PutStart, ReMountSegment,
+    };
+
+    fn value(text: &str, name: &str) -> Option<u64> {
+        text.lines()
+            .find_map(|l| l.strip_prefix(&format!("{name} ")))
+            .and_then(|v| v.parse().ok())
+    }
+
+    fn memory(size: u64) -> ReplicaDescriptor {
+        ReplicaDescriptor {
+            id: ReplicaId(1),
+            status: ReplicaStatus::COMPLETE,
+            kind: ReplicaKind::Memory(MemoryDescriptor {
+                size,
+                buffer_address: 0x1000,
+                protocol: "tcp".into(),
+                transport_endpoint: "127.0.0.1:1".into(),
+            }),
+        }
+    }
 
     #[test]
     fn names_follow_upstream_families() {
@@ -166,6 +462,8 @@ mod tests {
         let metrics = RpcMetrics::default();
         metrics.record(PutStart::ID, false);
         metrics.record(PutStart::ID, true);
+        metrics.record(ReMountSegment::ID, false);
+        metrics.record(MarkTaskToComplete::ID, true);
         metrics.record(60_000, false);
         assert_eq!(metrics.requests(PutStart::ID), 2);
         assert_eq!(metrics.failures(PutStart::ID), 1);
@@ -174,7 +472,116 @@ mod tests {
         assert!(text.contains(
             "# TYPE master_put_start_requests_total counter\nmaster_put_start_requests_total 2\n"
         ));
-        assert!(text.contains("master_put_start_failures_total 1\n"));
-        assert!(text.contains("master_unknown_method_requests_total 1\n"));
+        assert_eq!(value(&text, "master_put_start_failures_total"), Some(1));
+        assert_eq!(
+            value(&text, "master_remount_segment_requests_total"),
+            Some(1)
+        );
+        assert_eq!(value(&text, "master_update_task_failures_total"), Some(1));
+        assert_eq!(
+            value(&text, "master_mark_task_to_complete_failures_total"),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, "master_unknown_method_requests_total"),
+            Some(1)
+        );
+    }
+
+    #[test]
+    fn batches_count_as_upstream() {
+        let metrics = RpcMetrics::default();
+        let id = BatchPutStart::ID;
+        metrics.record_batch(id, 4, 0, false);
+        metrics.record_batch(id, 4, 1, false);
+        metrics.record_batch(id, 4, 4, false);
+        metrics.record_batch(id, 3, 0, true);
+        metrics.record_batch(id, 0, 0, false);
+        let mut text = String::new();
+        metrics.render(&mut text);
+        assert_eq!(
+            value(&text, "master_batch_put_start_requests_total"),
+            Some(5)
+        );
+        assert_eq!(
+            value(&text, "master_batch_put_start_failures_total"),
+            Some(2)
+        );
+        assert_eq!(
+            value(&text, "master_batch_put_start_partial_successes_total"),
+            Some(1)
+        );
+        assert_eq!(value(&text, "master_batch_put_start_items_total"), Some(15));
+        assert_eq!(
+            value(&text, "master_batch_put_start_failed_items_total"),
+            Some(8)
+        );
+        assert!(
+            !text.contains("master_put_start_items_total"),
+            "single calls have no items"
+        );
+    }
+
+    #[test]
+    fn gets_put_starts_and_value_sizes_are_counted() {
+        let metrics = RpcMetrics::default();
+        let hit = GetReplicaListResponse {
+            replicas: vec![memory(4096)],
+            lease_ttl_ms: 10_000,
+            object_checksum: None,
+        };
+        metrics.record_get(&Ok(hit));
+        metrics.record_get(&Err(ErrorCode::OBJECT_NOT_FOUND));
+        metrics.record_put_start(4096, 1, &Ok(vec![memory(4096)]), false);
+        metrics.record_put_start(1 << 20, 2, &Ok(vec![memory(1 << 20)]), true);
+        metrics.record_put_start(100 << 20, 1, &Ok(vec![memory(100 << 20)]), false);
+        metrics.record_put_start(10, 1, &Err(ErrorCode::NO_AVAILABLE_HANDLE), false);
+        metrics.record_put_start(10, 1, &Err(ErrorCode::OBJECT_ALREADY_EXISTS), true);
+        let mut text = String::new();
+        metrics.render(&mut text);
+        assert_eq!(value(&text, "total_get_nums_"), Some(2));
+        assert_eq!(value(&text, "valid_get_nums_"), Some(1));
+        assert_eq!(value(&text, "mem_cache_hit_nums_"), Some(1));
+        assert_eq!(value(&text, "mem_cache_hit_bytes_total"), Some(4096));
+        assert_eq!(
+            value(&text, "master_put_start_alloc_failures_total"),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, "master_put_start_partial_allocations_total"),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, "master_batch_put_start_object_already_exists_total"),
+            Some(1)
+        );
+        assert!(text.contains("# TYPE master_value_size_bytes histogram\n"));
+        assert_eq!(
+            value(&text, "master_value_size_bytes_bucket{le=\"4096.000000\"}"),
+            Some(1)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "master_value_size_bytes_bucket{le=\"1048576.000000\"}"
+            ),
+            Some(2)
+        );
+        assert_eq!(
+            value(
+                &text,
+                "master_value_size_bytes_bucket{le=\"67108864.000000\"}"
+            ),
+            Some(2)
+        );
+        assert_eq!(
+            value(&text, "master_value_size_bytes_bucket{le=\"+Inf\"}"),
+            Some(3)
+        );
+        assert_eq!(value(&text, "master_value_size_bytes_count"), Some(3));
+        assert_eq!(
+            value(&text, "master_value_size_bytes_sum"),
+            Some(4096 + (1 << 20) + (100 << 20))
+        );
     }
 }

@@ -3,7 +3,7 @@
 
 use mooncake_common::SystemClock;
 use mooncake_master::{
-    AllocationStrategy, MasterService, MasterServiceConfig, MasterState, RestoreOptions,
+    AllocationStrategy, MasterService, MasterServiceConfig, MasterState, RestoreOptions, TaskLimits,
 };
 use mooncake_proto::Limits;
 use mooncake_rpc::{RpcServer, ServerConfig};
@@ -80,6 +80,21 @@ pub fn rpc_server_config(config: &MasterConfig) -> ServerConfig {
     }
 }
 
+/// The copy/move task queue's limits from the process configuration (0 s = no timeout).
+pub fn task_limits(config: &MasterConfig) -> TaskLimits {
+    let timeout_ms = |sec: u64| match sec {
+        0 => u64::MAX,
+        s => s.saturating_mul(1000),
+    };
+    TaskLimits {
+        max_pending: config.max_total_pending_tasks as usize,
+        max_processing: config.max_total_processing_tasks as usize,
+        max_finished: config.max_total_finished_tasks as usize,
+        pending_timeout_ms: timeout_ms(config.pending_task_timeout_sec),
+        processing_timeout_ms: timeout_ms(config.processing_task_timeout_sec),
+    }
+}
+
 /// A running master. Stop it with [`RunningMaster::shutdown`].
 #[derive(Debug)]
 pub struct RunningMaster {
@@ -102,6 +117,8 @@ const EVICTION_PERIOD: Duration = Duration::from_millis(10);
 const CLIENT_MONITOR_PERIOD: Duration = Duration::from_secs(1);
 /// Task pruning and timeouts (upstream: 30 s, together with soft-pin expiry).
 const TASK_CLEANUP_PERIOD: Duration = Duration::from_secs(1);
+/// Upstream's period of the `--enable_metric_reporting` log line.
+const METRIC_REPORT_PERIOD: Duration = Duration::from_secs(10);
 
 impl RunningMaster {
     /// Binds every port and starts serving. Must be called inside a tokio runtime.
@@ -123,6 +140,7 @@ impl RunningMaster {
             core_config(config, resolved),
             Arc::new(SystemClock::new()),
         )?);
+        master.set_task_limits(task_limits(config));
         if let Some((state, options)) = initial {
             let report = master.restore(state, options)?;
             tracing::info!(
@@ -236,8 +254,11 @@ impl RunningMaster {
             EVICTION_PERIOD,
             move |m| {
                 let report = m.run_eviction_once();
+                use std::sync::atomic::Ordering::Relaxed;
+                if report.triggered {
+                    counters.eviction_attempts.fetch_add(1, Relaxed);
+                }
                 if report.evicted_objects > 0 {
-                    use std::sync::atomic::Ordering::Relaxed;
                     counters.eviction_cycles.fetch_add(1, Relaxed);
                     counters
                         .evicted_objects
@@ -265,9 +286,31 @@ impl RunningMaster {
                 }
             },
         );
-        spawn_worker(&mut tasks, &master, stop_rx, TASK_CLEANUP_PERIOD, |m| {
-            m.run_task_cleanup_once();
-        });
+        spawn_worker(
+            &mut tasks,
+            &master,
+            stop_rx.clone(),
+            TASK_CLEANUP_PERIOD,
+            |m| {
+                m.run_task_cleanup_once();
+            },
+        );
+        if config.enable_metric_reporting {
+            let master = master.clone();
+            let mut stop = stop_rx;
+            tasks.spawn(async move {
+                let mut ticker = tokio::time::interval(METRIC_REPORT_PERIOD);
+                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+                ticker.tick().await;
+                loop {
+                    tokio::select! {
+                        _ = ticker.tick() => {}
+                        _ = stop.changed() => return,
+                    }
+                    tracing::info!("Master Metrics: {}", crate::http::summary_text(&master));
+                }
+            });
+        }
 
         tracing::info!(%rpc_addr, %metrics_addr, ?metadata_addr, "master serving");
         Ok(RunningMaster {
@@ -386,6 +429,9 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
                 return 1;
             }
         };
+        if let Some(notice) = &resolved.notice {
+            tracing::warn!("{notice}");
+        }
         println!(
             "mooncake master listening: rpc {} metrics http://{}{}",
             master.rpc_addr(),

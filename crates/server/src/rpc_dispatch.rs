@@ -31,12 +31,26 @@ impl MasterRpc {
         }
     }
 
-    /// Decodes `M`, checks limits, runs `op`, encodes the reply.
+    /// Decodes `M`, checks limits, runs `op`, counts the call (a failure when the reply is an
+    /// error), encodes the reply.
     fn serve<M: Method>(
         &self,
         body: &[u8],
         out: &mut BytesMut,
-        op: impl FnOnce(&MasterService, M) -> Reply<M>,
+        op: impl FnOnce(&MasterService, &M) -> Reply<M>,
+    ) -> Result<(), HandlerError> {
+        self.serve_observed(body, out, op, |metrics, _, reply| {
+            metrics.record(M::ID, reply.is_err())
+        })
+    }
+
+    /// [`MasterRpc::serve`] with the counting done by `observe` (batch items, gets, puts).
+    fn serve_observed<M: Method>(
+        &self,
+        body: &[u8],
+        out: &mut BytesMut,
+        op: impl FnOnce(&MasterService, &M) -> Reply<M>,
+        observe: impl FnOnce(&RpcMetrics, &M, &Reply<M>),
     ) -> Result<(), HandlerError> {
         let request: M = match decode(body) {
             Ok(request) => request,
@@ -49,31 +63,77 @@ impl MasterRpc {
             }
         };
         let reply = match request.check_limits(&self.limits) {
-            Ok(()) => op(&self.master, request),
+            Ok(()) => op(&self.master, &request),
             Err(code) => Err(code),
         };
-        self.metrics.record(M::ID, reply.is_err());
+        observe(&self.metrics, &request, &reply);
         encode_into(&reply, out).map_err(|e| HandlerError::new(e.code(), e.to_string()))
+    }
+
+    /// [`MasterRpc::serve`] for a batch whose reply has one result per item.
+    fn serve_batch<M, T>(
+        &self,
+        body: &[u8],
+        out: &mut BytesMut,
+        items: impl FnOnce(&M) -> usize,
+        op: impl FnOnce(&MasterService, &M) -> Reply<M>,
+    ) -> Result<(), HandlerError>
+    where
+        M: Method<Output = Vec<Result<T, ErrorCode>>>,
+    {
+        self.serve_observed(body, out, op, |metrics, request, reply| {
+            let (failed, call_failed) = match reply {
+                Ok(results) => (results.iter().filter(|r| r.is_err()).count(), false),
+                Err(_) => (0, true),
+            };
+            metrics.record_batch(M::ID, items(request), failed, call_failed);
+        })
     }
 }
 
 impl Handler for MasterRpc {
     fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
         match method {
-            m::ExistKey::ID => self.serve(body, out, |ms, r: m::ExistKey| {
+            m::ExistKey::ID => self.serve(body, out, |ms, r: &m::ExistKey| {
                 ms.exist_key(&r.key, &r.tenant)
             }),
-            m::BatchExistKey::ID => self.serve(body, out, |ms, r: m::BatchExistKey| {
-                Ok(ms.batch_exist_key(&r.keys, &r.tenant))
-            }),
-            m::GetReplicaList::ID => self.serve(body, out, |ms, r: m::GetReplicaList| {
-                ms.get_replica_list(&r.key, &r.tenant)
-            }),
-            m::BatchGetReplicaList::ID => self.serve(body, out, |ms, r: m::BatchGetReplicaList| {
-                Ok(ms.batch_get_replica_list(&r.keys, &r.tenant))
-            }),
+            m::BatchExistKey::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchExistKey| r.keys.len(),
+                |ms, r| Ok(ms.batch_exist_key(&r.keys, &r.tenant)),
+            ),
+            m::GetReplicaList::ID => self.serve_observed(
+                body,
+                out,
+                |ms, r: &m::GetReplicaList| ms.get_replica_list(&r.key, &r.tenant),
+                |metrics, _, reply| {
+                    metrics.record(m::GetReplicaList::ID, reply.is_err());
+                    metrics.record_get(reply);
+                },
+            ),
+            m::BatchGetReplicaList::ID => self.serve_observed(
+                body,
+                out,
+                |ms, r: &m::BatchGetReplicaList| Ok(ms.batch_get_replica_list(&r.keys, &r.tenant)),
+                |metrics, r, reply| match reply {
+                    Ok(results) => {
+                        let failed = results.iter().filter(|x| x.is_err()).count();
+                        metrics.record_batch(
+                            m::BatchGetReplicaList::ID,
+                            r.keys.len(),
+                            failed,
+                            false,
+                        );
+                        results.iter().for_each(|x| metrics.record_get(x));
+                    }
+                    Err(_) => {
+                        metrics.record_batch(m::BatchGetReplicaList::ID, r.keys.len(), 0, true)
+                    }
+                },
+            ),
             m::GetReplicaListByRegex::ID => {
-                self.serve(body, out, |ms, r: m::GetReplicaListByRegex| {
+                self.serve(body, out, |ms, r: &m::GetReplicaListByRegex| {
                     let mut found: Vec<_> = ms
                         .get_replica_list_by_regex(&r.regex, &r.tenant)?
                         .into_iter()
@@ -82,68 +142,116 @@ impl Handler for MasterRpc {
                     Ok(found)
                 })
             }
-            m::PutStart::ID => self.serve(body, out, |ms, r: m::PutStart| {
-                ms.put_start(r.client, &r.key, r.value_len, &r.config, &r.tenant)
-            }),
-            m::BatchPutStart::ID => self.serve(body, out, |ms, r: m::BatchPutStart| {
-                Ok(ms.batch_put_start(r.client, &r.keys, &r.value_lens, &r.config, &r.tenant))
-            }),
-            m::PutEnd::ID => self.serve(body, out, |ms, r: m::PutEnd| {
+            m::PutStart::ID => self.serve_observed(
+                body,
+                out,
+                |ms, r: &m::PutStart| {
+                    ms.put_start(r.client, &r.key, r.value_len, &r.config, &r.tenant)
+                },
+                |metrics, r, reply| {
+                    metrics.record(m::PutStart::ID, reply.is_err());
+                    metrics.record_put_start(r.value_len, r.config.replica_num, reply, false);
+                },
+            ),
+            m::BatchPutStart::ID => self.serve_observed(
+                body,
+                out,
+                |ms, r: &m::BatchPutStart| {
+                    Ok(ms.batch_put_start(r.client, &r.keys, &r.value_lens, &r.config, &r.tenant))
+                },
+                |metrics, r, reply| match reply {
+                    Ok(results) => {
+                        let failed = results.iter().filter(|x| x.is_err()).count();
+                        metrics.record_batch(m::BatchPutStart::ID, r.keys.len(), failed, false);
+                        for (result, len) in results.iter().zip(&r.value_lens) {
+                            metrics.record_put_start(*len, r.config.replica_num, result, true);
+                        }
+                    }
+                    Err(_) => metrics.record_batch(m::BatchPutStart::ID, r.keys.len(), 0, true),
+                },
+            ),
+            m::PutEnd::ID => self.serve(body, out, |ms, r: &m::PutEnd| {
                 ms.put_end(r.client, &r.meta, r.replica_type, &r.tenant)
             }),
-            m::BatchPutEnd::ID => self.serve(body, out, |ms, r: m::BatchPutEnd| {
-                Ok(ms.batch_put_end(r.client, &r.metas, r.replica_type, &r.tenant))
-            }),
-            m::PutRevoke::ID => self.serve(body, out, |ms, r: m::PutRevoke| {
+            m::BatchPutEnd::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchPutEnd| r.metas.len(),
+                |ms, r| Ok(ms.batch_put_end(r.client, &r.metas, r.replica_type, &r.tenant)),
+            ),
+            m::PutRevoke::ID => self.serve(body, out, |ms, r: &m::PutRevoke| {
                 ms.put_revoke(r.client, &r.key, r.replica_type, &r.tenant)
             }),
-            m::BatchPutRevoke::ID => self.serve(body, out, |ms, r: m::BatchPutRevoke| {
-                Ok(ms.batch_put_revoke(r.client, &r.keys, r.replica_type, &r.tenant))
-            }),
-            m::Remove::ID => self.serve(body, out, |ms, r: m::Remove| {
+            m::BatchPutRevoke::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchPutRevoke| r.keys.len(),
+                |ms, r| Ok(ms.batch_put_revoke(r.client, &r.keys, r.replica_type, &r.tenant)),
+            ),
+            m::Remove::ID => self.serve(body, out, |ms, r: &m::Remove| {
                 ms.remove(&r.key, r.force, &r.tenant)
             }),
-            m::BatchRemove::ID => self.serve(body, out, |ms, r: m::BatchRemove| {
-                Ok(ms.batch_remove(&r.keys, r.force, &r.tenant))
-            }),
-            m::RemoveByRegex::ID => self.serve(body, out, |ms, r: m::RemoveByRegex| {
+            m::BatchRemove::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchRemove| r.keys.len(),
+                |ms, r| Ok(ms.batch_remove(&r.keys, r.force, &r.tenant)),
+            ),
+            m::RemoveByRegex::ID => self.serve(body, out, |ms, r: &m::RemoveByRegex| {
                 ms.remove_by_regex(&r.regex, r.force, &r.tenant)
             }),
-            m::RemoveAll::ID => self.serve(body, out, |ms, r: m::RemoveAll| {
+            m::RemoveAll::ID => self.serve(body, out, |ms, r: &m::RemoveAll| {
                 Ok(ms.remove_all(r.force, &r.tenant))
             }),
-            m::BatchReplicaClear::ID => self.serve(body, out, |ms, r: m::BatchReplicaClear| {
-                Ok(ms.batch_replica_clear(&r.keys, r.client, &r.segment_name, &r.tenant))
-            }),
-            m::MountSegment::ID => self.serve(body, out, |ms, r: m::MountSegment| {
+            m::BatchReplicaClear::ID => self.serve_observed(
+                body,
+                out,
+                |ms, r: &m::BatchReplicaClear| {
+                    Ok(ms.batch_replica_clear(&r.keys, r.client, &r.segment_name, &r.tenant))
+                },
+                // The reply lists the keys cleared; the others failed.
+                |metrics, r, reply| {
+                    let items = r.keys.len();
+                    match reply {
+                        Ok(cleared) => metrics.record_batch(
+                            m::BatchReplicaClear::ID,
+                            items,
+                            items.saturating_sub(cleared.len()),
+                            false,
+                        ),
+                        Err(_) => metrics.record_batch(m::BatchReplicaClear::ID, items, 0, true),
+                    }
+                },
+            ),
+            m::MountSegment::ID => self.serve(body, out, |ms, r: &m::MountSegment| {
                 ms.mount_segment(&r.segment, r.client)
             }),
-            m::ReMountSegment::ID => self.serve(body, out, |ms, r: m::ReMountSegment| {
+            m::ReMountSegment::ID => self.serve(body, out, |ms, r: &m::ReMountSegment| {
                 ms.remount_segments(&r.segments, r.client)
             }),
-            m::UnmountSegment::ID => self.serve(body, out, |ms, r: m::UnmountSegment| {
+            m::UnmountSegment::ID => self.serve(body, out, |ms, r: &m::UnmountSegment| {
                 ms.unmount_segment(r.segment_id, r.client)
             }),
             m::GracefulUnmountSegment::ID => {
-                self.serve(body, out, |ms, r: m::GracefulUnmountSegment| {
+                self.serve(body, out, |ms, r: &m::GracefulUnmountSegment| {
                     ms.graceful_unmount_segment(r.segment_id, r.client, r.grace_period_ms)
                 })
             }
             m::ServiceReady::ID => {
-                self.serve(body, out, |_, _: m::ServiceReady| Ok(VERSION.to_string()))
+                self.serve(body, out, |_, _: &m::ServiceReady| Ok(VERSION.to_string()))
             }
-            m::QuerySegmentStatus::ID => self.serve(body, out, |ms, r: m::QuerySegmentStatus| {
+            m::QuerySegmentStatus::ID => self.serve(body, out, |ms, r: &m::QuerySegmentStatus| {
                 ms.query_segment_status(&r.segment_name)
             }),
             m::QuerySegmentStatusById::ID => {
-                self.serve(body, out, |ms, r: m::QuerySegmentStatusById| {
+                self.serve(body, out, |ms, r: &m::QuerySegmentStatusById| {
                     ms.query_segment_status_by_id(r.segment_id)
                 })
             }
-            m::GetAllKeys::ID => {
-                self.serve(body, out, |ms, r: m::GetAllKeys| ms.get_all_keys(&r.tenant))
-            }
-            m::GetSegmentsDetail::ID => self.serve(body, out, |ms, _: m::GetSegmentsDetail| {
+            m::GetAllKeys::ID => self.serve(body, out, |ms, r: &m::GetAllKeys| {
+                ms.get_all_keys(&r.tenant)
+            }),
+            m::GetSegmentsDetail::ID => self.serve(body, out, |ms, _: &m::GetSegmentsDetail| {
                 Ok(ms
                     .segment_usage()
                     .into_iter()
@@ -158,61 +266,78 @@ impl Handler for MasterRpc {
                     })
                     .collect())
             }),
-            m::Ping::ID => self.serve(body, out, |ms, r: m::Ping| ms.ping(r.client)),
-            m::UpsertStart::ID => self.serve(body, out, |ms, r: m::UpsertStart| {
+            m::Ping::ID => self.serve(body, out, |ms, r: &m::Ping| ms.ping(r.client)),
+            m::UpsertStart::ID => self.serve(body, out, |ms, r: &m::UpsertStart| {
                 ms.upsert_start(r.client, &r.key, r.value_len, &r.config, &r.tenant)
             }),
-            m::BatchUpsertStart::ID => self.serve(body, out, |ms, r: m::BatchUpsertStart| {
-                Ok(ms.batch_upsert_start(r.client, &r.keys, &r.value_lens, &r.config, &r.tenant))
-            }),
-            m::UpsertEnd::ID => self.serve(body, out, |ms, r: m::UpsertEnd| {
+            m::BatchUpsertStart::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchUpsertStart| r.keys.len(),
+                |ms, r| {
+                    Ok(ms.batch_upsert_start(
+                        r.client,
+                        &r.keys,
+                        &r.value_lens,
+                        &r.config,
+                        &r.tenant,
+                    ))
+                },
+            ),
+            m::UpsertEnd::ID => self.serve(body, out, |ms, r: &m::UpsertEnd| {
                 ms.upsert_end(r.client, &r.meta, r.replica_type, &r.tenant)
             }),
-            m::BatchUpsertEnd::ID => self.serve(body, out, |ms, r: m::BatchUpsertEnd| {
-                Ok(ms.batch_upsert_end(r.client, &r.metas, &r.tenant))
-            }),
-            m::UpsertRevoke::ID => self.serve(body, out, |ms, r: m::UpsertRevoke| {
+            m::BatchUpsertEnd::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchUpsertEnd| r.metas.len(),
+                |ms, r| Ok(ms.batch_upsert_end(r.client, &r.metas, &r.tenant)),
+            ),
+            m::UpsertRevoke::ID => self.serve(body, out, |ms, r: &m::UpsertRevoke| {
                 ms.upsert_revoke(r.client, &r.key, r.replica_type, &r.tenant)
             }),
-            m::BatchUpsertRevoke::ID => self.serve(body, out, |ms, r: m::BatchUpsertRevoke| {
-                Ok(ms.batch_upsert_revoke(r.client, &r.keys, &r.tenant))
-            }),
-            m::CopyStart::ID => self.serve(body, out, |ms, r: m::CopyStart| {
+            m::BatchUpsertRevoke::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchUpsertRevoke| r.keys.len(),
+                |ms, r| Ok(ms.batch_upsert_revoke(r.client, &r.keys, &r.tenant)),
+            ),
+            m::CopyStart::ID => self.serve(body, out, |ms, r: &m::CopyStart| {
                 ms.copy_start(r.client, &r.key, &r.tenant, &r.source, &r.targets)
             }),
-            m::CopyEnd::ID => self.serve(body, out, |ms, r: m::CopyEnd| {
+            m::CopyEnd::ID => self.serve(body, out, |ms, r: &m::CopyEnd| {
                 ms.copy_end(r.client, &r.key, &r.tenant)
             }),
-            m::CopyRevoke::ID => self.serve(body, out, |ms, r: m::CopyRevoke| {
+            m::CopyRevoke::ID => self.serve(body, out, |ms, r: &m::CopyRevoke| {
                 ms.copy_revoke(r.client, &r.key, &r.tenant)
             }),
-            m::MoveStart::ID => self.serve(body, out, |ms, r: m::MoveStart| {
+            m::MoveStart::ID => self.serve(body, out, |ms, r: &m::MoveStart| {
                 ms.move_start(r.client, &r.key, &r.tenant, &r.source, &r.target)
             }),
-            m::MoveEnd::ID => self.serve(body, out, |ms, r: m::MoveEnd| {
+            m::MoveEnd::ID => self.serve(body, out, |ms, r: &m::MoveEnd| {
                 ms.move_end(r.client, &r.key, &r.tenant)
             }),
-            m::MoveRevoke::ID => self.serve(body, out, |ms, r: m::MoveRevoke| {
+            m::MoveRevoke::ID => self.serve(body, out, |ms, r: &m::MoveRevoke| {
                 ms.move_revoke(r.client, &r.key, &r.tenant)
             }),
-            m::CreateCopyTask::ID => self.serve(body, out, |ms, r: m::CreateCopyTask| {
+            m::CreateCopyTask::ID => self.serve(body, out, |ms, r: &m::CreateCopyTask| {
                 ms.create_copy_task(&r.key, &r.tenant, &r.targets)
             }),
-            m::CreateMoveTask::ID => self.serve(body, out, |ms, r: m::CreateMoveTask| {
+            m::CreateMoveTask::ID => self.serve(body, out, |ms, r: &m::CreateMoveTask| {
                 ms.create_move_task(&r.key, &r.tenant, &r.source, &r.target)
             }),
-            m::QueryTask::ID => self.serve(body, out, |ms, r: m::QueryTask| ms.query_task(r.id)),
-            m::FetchTasks::ID => self.serve(body, out, |ms, r: m::FetchTasks| {
+            m::QueryTask::ID => self.serve(body, out, |ms, r: &m::QueryTask| ms.query_task(r.id)),
+            m::FetchTasks::ID => self.serve(body, out, |ms, r: &m::FetchTasks| {
                 Ok(ms.fetch_tasks(
                     r.client,
                     usize::try_from(r.batch_size).unwrap_or(usize::MAX),
                 ))
             }),
-            m::MarkTaskToComplete::ID => self.serve(body, out, |ms, r: m::MarkTaskToComplete| {
+            m::MarkTaskToComplete::ID => self.serve(body, out, |ms, r: &m::MarkTaskToComplete| {
                 ms.mark_task_to_complete(r.client, &r.request)
             }),
             m::GetUnverifiedReplicas::ID => {
-                self.serve(body, out, |ms, r: m::GetUnverifiedReplicas| {
+                self.serve(body, out, |ms, r: &m::GetUnverifiedReplicas| {
                     let limit = usize::try_from(r.limit).unwrap_or(usize::MAX);
                     Ok(ms
                         .get_unverified_replicas(r.client, r.segment_id, r.after, limit)?
@@ -226,7 +351,7 @@ impl Handler for MasterRpc {
                         .collect())
                 })
             }
-            m::ConfirmReplicas::ID => self.serve(body, out, |ms, r: m::ConfirmReplicas| {
+            m::ConfirmReplicas::ID => self.serve(body, out, |ms, r: &m::ConfirmReplicas| {
                 let done =
                     ms.confirm_replicas(r.client, r.segment_id, &r.verified, &r.mismatched)?;
                 Ok(m::ConfirmReplicasResponse {

@@ -19,6 +19,11 @@ impl MasterProcess {
     /// Starts `mooncake master` on loopback with free ports plus `extra` flags, and waits (at
     /// most 20 s) for its "listening" line.
     pub fn start(extra: &[&str]) -> MasterProcess {
+        MasterProcess::start_with_stderr(extra, Stdio::inherit())
+    }
+
+    /// [`MasterProcess::start`] with the master's stderr sent to `stderr` (a file to read back).
+    pub fn start_with_stderr(extra: &[&str], stderr: Stdio) -> MasterProcess {
         let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake"))
             .arg("master")
             .args([
@@ -32,7 +37,7 @@ impl MasterProcess {
             .args(extra)
             .env("MOONCAKE_LOG", "warn")
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start mooncake master");
         let stdout = child.stdout.take().unwrap();
