@@ -99,7 +99,7 @@ def test_local_buffer_size_caps_the_largest_unregistered_object(master, key):
 def test_ranged_calls_with_bad_shapes_fail_only_their_key(store, key):
     value = bytes(range(256)) * 4
     assert store.put(key, value) == 0
-    buf = (ctypes.c_ubyte * 64)()
+    buf = (ctypes.c_ubyte * 128)()
     ptr = ctypes.addressof(buf)
     res = store.get_into_ranges(
         [ptr, ptr],
