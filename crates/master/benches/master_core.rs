@@ -192,6 +192,17 @@ fn fmt_rate(r: f64) -> String {
     }
 }
 
+/// One result row: operation, threads, master core rate, peer rate.
+type Row = (String, usize, f64, f64);
+
+/// Memory figures of the fill.
+struct Memory {
+    heap_per_object: f64,
+    rss_per_object: f64,
+    peer_heap_per_object: f64,
+    fill_rate: f64,
+}
+
 fn main() {
     // `cargo bench` passes `--bench`: the full run. A test runner listing tests (`--list`, as
     // nextest does with `--all-targets`) gets no tests; run without `--bench` (`cargo test
@@ -210,8 +221,19 @@ fn main() {
     let cores = std::thread::available_parallelism().map_or(1, |n| n.get());
     println!("master core bench (uniform random keys unless noted): {objects} objects, {read_ops} read ops/thread, {put_ops} puts/thread, {cores} cores");
 
-    // ----- memory per object ------------------------------------------------------------
     let keys: Vec<String> = (0..objects).map(key).collect();
+    let m = new_master();
+    let peer = NaivePeer {
+        map: RwLock::new(HashMap::new()),
+    };
+    let memory = measure_memory(&m, &peer, &keys);
+    let rows = measure_throughput(&m, &peer, &keys, full, read_ops, put_ops);
+    report(&rows, &memory, objects);
+}
+
+/// Memory per object: fills the master and the peer with `keys`.
+fn measure_memory(m: &MasterService, peer: &NaivePeer, keys: &[String]) -> Memory {
+    let objects = keys.len();
     let mut kb = KeyBuf::new();
     assert!(keys
         .iter()
@@ -219,11 +241,10 @@ fn main() {
         .enumerate()
         .all(|(i, k)| kb.get(i) == k.as_str()));
     let key_bytes: usize = keys.iter().map(String::len).sum();
-    let m = new_master();
     let heap_before = HEAP_BYTES.load(Ordering::Relaxed);
     let rss_before = rss_bytes();
     let t = Instant::now();
-    fill(&m, &keys);
+    fill(m, keys);
     let fill_rate = objects as f64 / t.elapsed().as_secs_f64();
     let heap_after = HEAP_BYTES.load(Ordering::Relaxed);
     let rss_after = rss_bytes();
@@ -231,9 +252,6 @@ fn main() {
     let rss_per_object =
         (rss_after.saturating_sub(rss_before) as f64 - key_bytes as f64) / objects as f64;
 
-    let peer = NaivePeer {
-        map: RwLock::new(HashMap::new()),
-    };
     let peer_heap_before = HEAP_BYTES.load(Ordering::Relaxed);
     for (i, k) in keys.iter().enumerate() {
         peer.put(k, i);
@@ -241,12 +259,26 @@ fn main() {
     let peer_heap_per_object =
         (HEAP_BYTES.load(Ordering::Relaxed) - peer_heap_before - key_bytes as i64) as f64
             / objects as f64;
+    Memory {
+        heap_per_object,
+        rss_per_object,
+        peer_heap_per_object,
+        fill_rate,
+    }
+}
 
-    // ----- throughput -------------------------------------------------------------------
-    // Each case runs ROUNDS times, alternating master core and peer, and reports each side's
-    // median: on a shared, noisy machine this keeps load drift from biasing the ratio.
-    let mut rows: Vec<(String, usize, f64, f64)> = Vec::new();
-    let cfg = ReplicateConfig::default();
+/// Throughput. Each case runs ROUNDS times, alternating master core and peer, and reports each
+/// side's median: on a shared, noisy machine this keeps load drift from biasing the ratio.
+fn measure_throughput(
+    m: &MasterService,
+    peer: &NaivePeer,
+    keys: &[String],
+    full: bool,
+    read_ops: usize,
+    put_ops: usize,
+) -> Vec<Row> {
+    let objects = keys.len();
+    let mut rows: Vec<Row> = Vec::new();
     let rounds = if full { ROUNDS } else { 1 };
     let per_round = (read_ops / rounds).max(1);
     let puts_per_round = (put_ops / rounds).max(1);
@@ -261,131 +293,180 @@ fn main() {
                 }
                 rows.push((name, threads, median(&mut a), median(&mut b)));
             };
-        // PutStart + PutEnd on fresh keys (a put = both calls).
-        case(
-            "PutStart+PutEnd".into(),
-            &|r| {
-                run_threads(threads, |t| {
-                    for i in 0..puts_per_round {
-                        let k = format!("put-{threads}-{r}-{t}-{i:08}");
-                        m.put_start(CLIENT, &k, VALUE_SIZE, &cfg, "")
-                            .expect("put_start");
-                        m.put_end(CLIENT, &ObjectMeta::new(k), ReplicaType::ALL, "")
-                            .expect("put_end");
-                    }
-                    puts_per_round
-                })
-            },
-            &|r| {
-                run_threads(threads, |t| {
-                    for i in 0..puts_per_round {
-                        let k = format!("put-{threads}-{r}-{t}-{i:08}");
-                        black_box(peer.put(&k, i));
-                    }
-                    puts_per_round
-                })
-            },
-        );
+        put_case(&mut case, m, peer, threads, puts_per_round);
         for (label, range) in [("", objects), ("hot ", hot)] {
             let suffix = if label.is_empty() {
                 String::new()
             } else {
                 format!(", hot {hot} keys")
             };
-            case(
-                format!("GetReplicaList{suffix}"),
-                &|r| {
-                    run_threads(threads, |t| {
-                        let mut rng = fastrand::Rng::with_seed((r * 16 + t) as u64);
-                        let mut kb = KeyBuf::new();
-                        for _ in 0..per_round {
-                            let got = m.get_replica_list(kb.get(rng.usize(..range)), "");
-                            black_box(got.expect("present"));
-                        }
-                        per_round
-                    })
-                },
-                &|r| {
-                    run_threads(threads, |t| {
-                        let mut rng = fastrand::Rng::with_seed((r * 16 + t) as u64);
-                        let mut kb = KeyBuf::new();
-                        for _ in 0..per_round {
-                            black_box(peer.get(kb.get(rng.usize(..range))).expect("present"));
-                        }
-                        per_round
-                    })
-                },
-            );
-            case(
-                format!("ExistKey{suffix}"),
-                &|r| {
-                    run_threads(threads, |t| {
-                        let mut rng = fastrand::Rng::with_seed((r * 16 + t + 8) as u64);
-                        let mut kb = KeyBuf::new();
-                        for _ in 0..per_round {
-                            black_box(m.exist_key(kb.get(rng.usize(..range)), "").expect("ok"));
-                        }
-                        per_round
-                    })
-                },
-                &|r| {
-                    run_threads(threads, |t| {
-                        let mut rng = fastrand::Rng::with_seed((r * 16 + t + 8) as u64);
-                        let mut kb = KeyBuf::new();
-                        for _ in 0..per_round {
-                            black_box(peer.exist(kb.get(rng.usize(..range))));
-                        }
-                        per_round
-                    })
-                },
-            );
-            if !label.is_empty() {
-                continue;
+            read_cases(&mut case, m, peer, threads, per_round, range, &suffix);
+            if label.is_empty() {
+                batch_case(&mut case, m, peer, threads, per_round, keys);
             }
-            let batches = (per_round / BATCH).max(1);
-            let make_batches = |seed: u64| -> Vec<Vec<String>> {
-                let mut rng = fastrand::Rng::with_seed(seed);
-                (0..64)
-                    .map(|_| {
-                        (0..BATCH)
-                            .map(|_| keys[rng.usize(..objects)].clone())
-                            .collect()
-                    })
-                    .collect()
-            };
-            case(
-                format!("BatchGetReplicaList({BATCH}), keys/s"),
-                &|r| {
-                    run_threads(threads, |t| {
-                        let batch = make_batches((r * 16 + t + 100) as u64);
-                        for b in 0..batches {
-                            black_box(m.batch_get_replica_list(&batch[b % batch.len()], ""));
-                        }
-                        batches * BATCH
-                    })
-                },
-                &|r| {
-                    run_threads(threads, |t| {
-                        let batch = make_batches((r * 16 + t + 100) as u64);
-                        for b in 0..batches {
-                            let map = peer.map.read().expect("lock");
-                            let got: Vec<_> = batch[b % batch.len()]
-                                .iter()
-                                .map(|k| map.get(k).cloned())
-                                .collect();
-                            black_box(got);
-                        }
-                        batches * BATCH
-                    })
-                },
-            );
         }
     }
+    rows
+}
 
+/// One case: a name, the master core's run and the peer's run of round `r`.
+type Case<'a> = dyn FnMut(String, &dyn Fn(usize) -> f64, &dyn Fn(usize) -> f64) + 'a;
+
+/// PutStart + PutEnd on fresh keys (a put = both calls).
+fn put_case(
+    case: &mut Case<'_>,
+    m: &MasterService,
+    peer: &NaivePeer,
+    threads: usize,
+    puts_per_round: usize,
+) {
+    let cfg = ReplicateConfig::default();
+    case(
+        "PutStart+PutEnd".into(),
+        &|r| {
+            run_threads(threads, |t| {
+                for i in 0..puts_per_round {
+                    let k = format!("put-{threads}-{r}-{t}-{i:08}");
+                    m.put_start(CLIENT, &k, VALUE_SIZE, &cfg, "")
+                        .expect("put_start");
+                    m.put_end(CLIENT, &ObjectMeta::new(k), ReplicaType::ALL, "")
+                        .expect("put_end");
+                }
+                puts_per_round
+            })
+        },
+        &|r| {
+            run_threads(threads, |t| {
+                for i in 0..puts_per_round {
+                    let k = format!("put-{threads}-{r}-{t}-{i:08}");
+                    black_box(peer.put(&k, i));
+                }
+                puts_per_round
+            })
+        },
+    );
+}
+
+/// GetReplicaList and ExistKey on random keys of the first `range`.
+fn read_cases(
+    case: &mut Case<'_>,
+    m: &MasterService,
+    peer: &NaivePeer,
+    threads: usize,
+    per_round: usize,
+    range: usize,
+    suffix: &str,
+) {
+    case(
+        format!("GetReplicaList{suffix}"),
+        &|r| {
+            run_threads(threads, |t| {
+                let mut rng = fastrand::Rng::with_seed((r * 16 + t) as u64);
+                let mut kb = KeyBuf::new();
+                for _ in 0..per_round {
+                    let got = m.get_replica_list(kb.get(rng.usize(..range)), "");
+                    black_box(got.expect("present"));
+                }
+                per_round
+            })
+        },
+        &|r| {
+            run_threads(threads, |t| {
+                let mut rng = fastrand::Rng::with_seed((r * 16 + t) as u64);
+                let mut kb = KeyBuf::new();
+                for _ in 0..per_round {
+                    black_box(peer.get(kb.get(rng.usize(..range))).expect("present"));
+                }
+                per_round
+            })
+        },
+    );
+    case(
+        format!("ExistKey{suffix}"),
+        &|r| {
+            run_threads(threads, |t| {
+                let mut rng = fastrand::Rng::with_seed((r * 16 + t + 8) as u64);
+                let mut kb = KeyBuf::new();
+                for _ in 0..per_round {
+                    black_box(m.exist_key(kb.get(rng.usize(..range)), "").expect("ok"));
+                }
+                per_round
+            })
+        },
+        &|r| {
+            run_threads(threads, |t| {
+                let mut rng = fastrand::Rng::with_seed((r * 16 + t + 8) as u64);
+                let mut kb = KeyBuf::new();
+                for _ in 0..per_round {
+                    black_box(peer.exist(kb.get(rng.usize(..range))));
+                }
+                per_round
+            })
+        },
+    );
+}
+
+/// BatchGetReplicaList of BATCH random keys (rate in keys per second).
+fn batch_case(
+    case: &mut Case<'_>,
+    m: &MasterService,
+    peer: &NaivePeer,
+    threads: usize,
+    per_round: usize,
+    keys: &[String],
+) {
+    let objects = keys.len();
+    let batches = (per_round / BATCH).max(1);
+    let make_batches = |seed: u64| -> Vec<Vec<String>> {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        (0..64)
+            .map(|_| {
+                (0..BATCH)
+                    .map(|_| keys[rng.usize(..objects)].clone())
+                    .collect()
+            })
+            .collect()
+    };
+    case(
+        format!("BatchGetReplicaList({BATCH}), keys/s"),
+        &|r| {
+            run_threads(threads, |t| {
+                let batch = make_batches((r * 16 + t + 100) as u64);
+                for b in 0..batches {
+                    black_box(m.batch_get_replica_list(&batch[b % batch.len()], ""));
+                }
+                batches * BATCH
+            })
+        },
+        &|r| {
+            run_threads(threads, |t| {
+                let batch = make_batches((r * 16 + t + 100) as u64);
+                for b in 0..batches {
+                    let map = peer.map.read().expect("lock");
+                    let got: Vec<_> = batch[b % batch.len()]
+                        .iter()
+                        .map(|k| map.get(k).cloned())
+                        .collect();
+                    black_box(got);
+                }
+                batches * BATCH
+            })
+        },
+    );
+}
+
+/// Prints the tables and the targets.
+fn report(rows: &[Row], memory: &Memory, objects: usize) {
+    let Memory {
+        heap_per_object,
+        rss_per_object,
+        peer_heap_per_object,
+        fill_rate,
+    } = *memory;
     println!();
     println!("| operation | threads | master core | naive RwLock<HashMap> peer | ratio |");
     println!("|---|---:|---:|---:|---:|");
-    for (name, threads, ours, theirs) in &rows {
+    for (name, threads, ours, theirs) in rows {
         println!(
             "| {name} | {threads} | {} | {} | {:.2}x |",
             fmt_rate(*ours),

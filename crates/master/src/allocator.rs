@@ -13,8 +13,10 @@
 //! the allocator lives: unmounting a segment drops the strong reference, and at that instant every
 //! handle into it is dead (its replica unreadable), and none of them frees anything.
 //!
-//! **Rebuild.** [`SegmentAllocator::rebuild`] re-creates an allocator around a list of live ranges
-//! (snapshot restore, failover) and returns one handle per range.
+//! **Rebuild and claim.** [`SegmentAllocator::rebuild`] re-creates an allocator around a list of
+//! live ranges (snapshot restore, failover) and returns one handle per range;
+//! [`SegmentAllocator::claim`] takes one exact range out of a live allocator (replaying a mutation
+//! log onto a master, see `mutation.rs`). Both refuse overlap.
 
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
@@ -57,6 +59,27 @@ pub enum RebuildError {
     },
     #[error("live ranges overlap at offset {offset}")]
     Overlap { offset: u64 },
+}
+
+/// Why [`SegmentAllocator::claim`] refused a range. Nothing changes in that case.
+#[derive(Debug, Clone, PartialEq, Eq, Error)]
+pub enum ClaimError {
+    #[error("a claimed range must not be empty")]
+    ZeroLength,
+    #[error("range [{offset}, +{len}) lies outside the segment (capacity {capacity})")]
+    OutOfBounds {
+        offset: u64,
+        len: u64,
+        capacity: u64,
+    },
+    #[error("range [{offset}, +{len}) overlaps a live buffer")]
+    Overlap { offset: u64, len: u64 },
+}
+
+impl From<ClaimError> for ErrorCode {
+    fn from(_: ClaimError) -> ErrorCode {
+        ErrorCode::INVALID_PARAMS
+    }
 }
 
 impl From<RebuildError> for ErrorCode {
@@ -222,6 +245,50 @@ impl SegmentAllocator {
             offset
         };
         Some(BufferHandle {
+            allocator: Arc::downgrade(self),
+            offset,
+            len,
+        })
+    }
+
+    /// Takes exactly `[offset, offset + len)` out of the free list and returns its handle: the
+    /// range must lie inside one free range. Zero-length, out-of-bounds or overlapping a live
+    /// buffer is refused, changing nothing.
+    pub fn claim(self: &Arc<Self>, offset: u64, len: u64) -> Result<BufferHandle, ClaimError> {
+        if len == 0 {
+            return Err(ClaimError::ZeroLength);
+        }
+        let capacity = self.info.capacity;
+        let end = match offset.checked_add(len) {
+            Some(end) if end <= capacity => end,
+            _ => {
+                return Err(ClaimError::OutOfBounds {
+                    offset,
+                    len,
+                    capacity,
+                })
+            }
+        };
+        {
+            let mut free = self.free.lock();
+            let (free_off, free_len) = free
+                .by_offset
+                .range(..=offset)
+                .next_back()
+                .map(|(&o, &l)| (o, l))
+                .filter(|&(o, l)| o + l >= end)
+                .ok_or(ClaimError::Overlap { offset, len })?;
+            free.remove(free_off, free_len);
+            if free_off < offset {
+                free.insert(free_off, offset - free_off);
+            }
+            if end < free_off + free_len {
+                free.insert(end, free_off + free_len - end);
+            }
+            self.used_bytes.fetch_add(len, Ordering::Relaxed);
+            self.live_buffers.fetch_add(1, Ordering::Relaxed);
+        }
+        Ok(BufferHandle {
             allocator: Arc::downgrade(self),
             offset,
             len,
@@ -485,6 +552,38 @@ mod tests {
         drop(handles);
         assert_eq!(a.used_bytes(), 0);
         assert_eq!(a.free_ranges(), vec![(0, 100)]);
+    }
+
+    #[test]
+    fn claim_takes_exact_ranges_and_refuses_overlap() {
+        let a = SegmentAllocator::new(info(100));
+        let h = a.claim(40, 10).unwrap();
+        assert_eq!((h.offset(), h.len()), (40, 10));
+        assert_eq!(a.free_ranges(), vec![(0, 40), (50, 50)]);
+        assert_eq!(a.used_bytes(), 10);
+        let edge = a.claim(0, 40).unwrap();
+        assert_eq!(a.free_ranges(), vec![(50, 50)]);
+        for (offset, len) in [(45, 10), (35, 10), (40, 1), (0, 1)] {
+            assert_eq!(
+                a.claim(offset, len).unwrap_err(),
+                ClaimError::Overlap { offset, len }
+            );
+        }
+        assert_eq!(a.claim(60, 0).unwrap_err(), ClaimError::ZeroLength);
+        assert!(matches!(
+            a.claim(95, 10).unwrap_err(),
+            ClaimError::OutOfBounds { .. }
+        ));
+        assert!(matches!(
+            a.claim(u64::MAX, 2).unwrap_err(),
+            ClaimError::OutOfBounds { .. }
+        ));
+        assert_eq!(a.used_bytes(), 50, "refusals change nothing");
+        let tail = a.claim(50, 50).unwrap();
+        assert!(a.free_ranges().is_empty());
+        drop((h, edge, tail));
+        assert_eq!(a.free_ranges(), vec![(0, 100)]);
+        assert_eq!((a.used_bytes(), a.live_buffers()), (0, 0));
     }
 
     #[test]

@@ -1,20 +1,15 @@
-//! Client liveness (spec/master.md §6): Ping, the bounded ping queue, and the monitor step that
-//! unmounts the segments of clients that stopped pinging.
+//! Client liveness bookkeeping (spec/master.md §6): the bounded ping queue and the per-client
+//! deadlines. Plain data with its own locks (leaves of the lock order); what an expiry does to the
+//! segments and objects is `liveness.rs`.
 //!
-//! A client becomes known by Ping, MountSegment or ReMountSegment, each of which pushes its id
-//! onto the ping queue. [`MasterService::run_client_monitor_once`] drains the queue into
-//! `deadline = now + client_live_ttl`, and for every client whose deadline has passed: forgets
-//! its graceful unmounts, OK status and host; *prepares* the unmount of each of its segments
-//! (their allocators die, so every replica on them is unreadable at once); sweeps every shard
-//! once (erasing dead COMPLETE replicas and the objects left without a valid replica, with their
-//! quota); then *commits* the unmounts. The segment lock is never held during the sweep.
+//! A client becomes known by Ping, MountSegment or ReMountSegment, each of which pushes its id onto
+//! the queue. [`ClientMonitor::expire`] drains the queue into `deadline = now + ttl` and returns
+//! (and forgets) the clients whose deadline has passed.
 
 use std::collections::{HashMap, VecDeque};
 
-use mooncake_common::{ClientId, ClientStatus, ErrorCode, PingResponse};
+use mooncake_common::ClientId;
 use parking_lot::Mutex;
-
-use crate::service::MasterService;
 
 /// Capacity of the ping queue (upstream: 128 Ki entries). A full queue answers INTERNAL_ERROR.
 pub const PING_QUEUE_CAPACITY: usize = 128 * 1024;
@@ -35,87 +30,28 @@ impl ClientMonitor {
         q.push_back(client);
         true
     }
-}
 
-impl MasterService {
-    /// Ping: OK if a ReMount made the client OK, else NEED_REMOUNT (including the first ping);
-    /// queues a TTL refresh. A full ping queue → INTERNAL_ERROR.
-    pub fn ping(&self, client: ClientId) -> Result<PingResponse, ErrorCode> {
-        if !self.clients.push(client) {
-            return Err(ErrorCode::INTERNAL_ERROR);
+    /// Refreshes the deadlines of every queued heartbeat to `now + ttl`, then removes and returns
+    /// the clients whose deadline is before `now`.
+    pub fn expire(&self, now_ms: u64, ttl_ms: u64) -> Vec<ClientId> {
+        let pinged: Vec<ClientId> = self.queue.lock().drain(..).collect();
+        let mut deadlines = self.deadlines.lock();
+        for c in pinged {
+            deadlines.insert(c, now_ms.saturating_add(ttl_ms));
         }
-        let client_status = if self.is_client_ok(client) {
-            ClientStatus::OK
-        } else {
-            ClientStatus::NEED_REMOUNT
-        };
-        Ok(PingResponse {
-            view_version_id: 0,
-            client_status,
-        })
+        let expired: Vec<ClientId> = deadlines
+            .iter()
+            .filter(|&(_, &d)| d < now_ms)
+            .map(|(&c, _)| c)
+            .collect();
+        for c in &expired {
+            deadlines.remove(c);
+        }
+        expired
     }
 
-    /// Records a sign of life without answering (mount and remount call it).
-    pub(crate) fn heartbeat(&self, client: ClientId) {
-        let _ = self.clients.push(client);
-    }
-
-    /// Number of clients the monitor currently tracks (with a deadline).
-    pub fn tracked_client_count(&self) -> usize {
-        self.clients.deadlines.lock().len()
-    }
-
-    /// One monitor tick: refresh deadlines from the ping queue, then unmount every expired
-    /// client's segments (prepare → sweep all shards → commit). Returns how many clients expired.
-    pub fn run_client_monitor_once(&self) -> usize {
-        let now = self.clock.now_ms();
-        let ttl_ms = self.config.client_live_ttl_sec.saturating_mul(1000);
-        let pinged: Vec<ClientId> = self.clients.queue.lock().drain(..).collect();
-        let expired: Vec<ClientId> = {
-            let mut deadlines = self.clients.deadlines.lock();
-            for c in pinged {
-                deadlines.insert(c, now.saturating_add(ttl_ms));
-            }
-            let expired: Vec<ClientId> = deadlines
-                .iter()
-                .filter(|&(_, &d)| d < now)
-                .map(|(&c, _)| c)
-                .collect();
-            for c in &expired {
-                deadlines.remove(c);
-            }
-            expired
-        };
-        if expired.is_empty() {
-            return 0;
-        }
-        let mut allocators = Vec::new();
-        let mut prepared = Vec::new();
-        {
-            let mut segs = self.segments.inner.write();
-            for c in &expired {
-                segs.graceful.retain(|g| g.client != *c);
-                segs.ok_clients.remove(c);
-                segs.client_host.remove(c);
-                let ids = segs.client_segments.get(c).cloned().unwrap_or_default();
-                for id in ids {
-                    if let Ok(Some(a)) = segs.prepare_unmount(id) {
-                        allocators.push(a);
-                        prepared.push(id);
-                    }
-                }
-            }
-        }
-        // Every handle into those segments dies here: their replicas are unreadable from now on.
-        drop(allocators);
-        if !prepared.is_empty() {
-            self.clear_invalid_handles();
-            let mut segs = self.segments.inner.write();
-            for id in prepared {
-                segs.commit_unmount(id);
-            }
-        }
-        self.recompute_quotas();
-        expired.len()
+    /// Number of clients with a deadline.
+    pub fn tracked(&self) -> usize {
+        self.deadlines.lock().len()
     }
 }

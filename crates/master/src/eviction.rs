@@ -19,8 +19,9 @@
 //!    ones (only with `allow_evict_soft_pinned_objects`).
 //! 6. The need-eviction flag is cleared when anything was evicted or released.
 //!
-//! Evicting an object drops its evictable replicas (buffers freed at once, quota refunded) and
-//! erases it when nothing valid remains. A group is evicted all-or-none: only when every member
+//! Evicting an object drops its evictable replicas (quota refunded at once, buffers freed right
+//! after the shard's lock) and erases it when nothing valid remains; each change is observed
+//! under the shard's lock (`seam.rs`). A group is evicted all-or-none: only when every member
 //! is a candidate of the pass (so no member is leased, pinned or busy) and one member is chosen.
 //! No lock is held across shards, so a reader of one shard waits at most one shard's scan.
 
@@ -30,9 +31,9 @@ use std::sync::Weak;
 
 use crate::allocator::SegmentAllocator;
 
+use crate::handle::MasterService;
 use crate::index::{Tenant, TenantState, SHARD_COUNT};
 use crate::object::{ObjectMetadata, Replica, ReplicaData, FLAG_HARD_PIN};
-use crate::service::MasterService;
 
 /// What one eviction cycle did.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -280,6 +281,8 @@ impl MasterService {
                     }
                     let soft = m.soft_pinned(now_ms);
                     let bytes = evictable_bytes(m);
+                    // The buffers are given up here and freed after the shard's lock (below),
+                    // so the change is observed before any of them can be reused.
                     for r in m.extract_replicas(Replica::is_evictable) {
                         if let ReplicaData::Memory(h) = r.data {
                             freed.push(h.into_range());
@@ -288,7 +291,9 @@ impl MasterService {
                     res.objects += 1;
                     res.soft += usize::from(soft);
                     res.bytes += bytes;
-                    m.is_valid()
+                    let keep = m.is_valid();
+                    self.emit_swept(tenant, entry, keep);
+                    keep
                 });
             }
             shard.others.retain(|_, s| s.len() > 0);

@@ -5,6 +5,7 @@
 //! 32..42 pick the shard, bits 42..54 the stripe, and the shard's hash table uses the low bits and
 //! the top 7 — disjoint bit ranges, so keys that share a shard still spread over its table.
 //! The default tenant hashes the key alone. Tests must not depend on exact hash values.
+//! Group routing (a grouped key lives in its group's shard) is `routes.rs`.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, Hasher};
@@ -27,6 +28,32 @@ const HASH_SEED: u64 = 0x6d6f_6f6e_6361_6b65; // "mooncake"
 pub(crate) enum Tenant<'a> {
     Default,
     Named(&'a str),
+}
+
+impl<'a> Tenant<'a> {
+    /// The tenant an owned id names (`None` = the default tenant).
+    pub fn of(id: Option<&'a TenantId>) -> Self {
+        match id {
+            Some(t) if !t.is_default() => Tenant::Named(t.as_str()),
+            _ => Tenant::Default,
+        }
+    }
+
+    /// The owned id (`None` for the default tenant). Allocates for a named tenant.
+    pub fn id(self) -> Option<TenantId> {
+        match self {
+            Tenant::Default => None,
+            Tenant::Named(t) => TenantId::new(t).ok(),
+        }
+    }
+
+    /// The tenant's name (`default` for the default tenant).
+    pub fn name(self) -> &'a str {
+        match self {
+            Tenant::Default => mooncake_common::DEFAULT_TENANT,
+            Tenant::Named(t) => t,
+        }
+    }
 }
 
 /// The routing hash of `(tenant, key)`.
@@ -56,98 +83,6 @@ pub(crate) fn routed(key_hash: u64, group_hash: u64) -> u64 {
     (key_hash & !SHARD_BITS) | (group_hash & SHARD_BITS)
 }
 
-/// One grouped key's route.
-#[derive(Debug)]
-struct Route {
-    tenant: Option<TenantId>,
-    key: Box<str>,
-    group_hash: u64,
-}
-
-impl Route {
-    fn matches(&self, tenant: Tenant<'_>, key: &str) -> bool {
-        &*self.key == key
-            && match (tenant, &self.tenant) {
-                (Tenant::Default, None) => true,
-                (Tenant::Named(t), Some(id)) => id.as_str() == t,
-                _ => false,
-            }
-    }
-}
-
-/// The group routing index (scoped key → group shard), consulted before every key lookup.
-/// Invariant, kept by PutStart/UpsertStart under the key's stripe lock: a key with a route lives
-/// (if at all) in its group's shard; a key without one lives in its own shard. A route whose
-/// object is gone is harmless (lookups there find nothing) and is replaced or dropped by the
-/// next start of that key.
-#[derive(Debug, Default)]
-pub(crate) struct Routes {
-    table: RwLock<HashTable<Route>>,
-    len: std::sync::atomic::AtomicUsize,
-}
-
-impl Routes {
-    /// The group hash `key` is routed by, if any. Lock-free when no key is grouped.
-    pub fn lookup(&self, tenant: Tenant<'_>, key: &str, hash: u64) -> Option<u64> {
-        if self.len.load(std::sync::atomic::Ordering::Acquire) == 0 {
-            return None;
-        }
-        self.table
-            .read()
-            .find(hash, |r| r.matches(tenant, key))
-            .map(|r| r.group_hash)
-    }
-
-    /// Sets (`Some`) or drops (`None`) the route of `key`.
-    pub fn set(&self, tenant: Tenant<'_>, key: &str, hash: u64, group: Option<u64>) {
-        let mut table = self.table.write();
-        let found = table.find_entry(hash, |r| r.matches(tenant, key));
-        match (found, group) {
-            (Ok(mut e), Some(g)) => e.get_mut().group_hash = g,
-            (Ok(e), None) => {
-                e.remove();
-            }
-            (Err(_), Some(g)) => {
-                let tenant_id = match tenant {
-                    Tenant::Default => None,
-                    Tenant::Named(t) => TenantId::new(t).ok(),
-                };
-                table.insert_unique(
-                    hash,
-                    Route {
-                        tenant: tenant_id,
-                        key: Box::from(key),
-                        group_hash: g,
-                    },
-                    |r| {
-                        let t = r
-                            .tenant
-                            .as_ref()
-                            .map_or(Tenant::Default, |t| Tenant::Named(t.as_str()));
-                        key_hash(t, &r.key)
-                    },
-                );
-            }
-            (Err(_), None) => {}
-        }
-        self.len
-            .store(table.len(), std::sync::atomic::Ordering::Release);
-    }
-
-    pub fn len(&self) -> usize {
-        self.len.load(std::sync::atomic::Ordering::Acquire)
-    }
-
-    /// Every route's `(tenant, key)` (for the stale-route collector).
-    pub fn keys(&self) -> Vec<(Option<TenantId>, Box<str>)> {
-        self.table
-            .read()
-            .iter()
-            .map(|r| (r.tenant.clone(), r.key.clone()))
-            .collect()
-    }
-}
-
 pub(crate) fn shard_of(hash: u64) -> usize {
     ((hash >> 32) as usize) & (SHARD_COUNT - 1)
 }
@@ -169,12 +104,6 @@ impl TenantState {
             .map(|b| &**b)
     }
 
-    pub fn find_mut(&mut self, hash: u64, key: &str) -> Option<&mut ObjectEntry> {
-        self.objects
-            .find_mut(hash, |e| e.key.as_bytes() == key.as_bytes())
-            .map(|b| &mut **b)
-    }
-
     pub fn remove(&mut self, hash: u64, key: &str) -> Option<Box<ObjectEntry>> {
         match self
             .objects
@@ -185,10 +114,16 @@ impl TenantState {
         }
     }
 
-    /// Inserts a key known to be absent.
-    pub fn insert(&mut self, tenant: Tenant<'_>, hash: u64, entry: Box<ObjectEntry>) {
+    /// Inserts a key known to be absent; returns the inserted entry.
+    pub fn insert(
+        &mut self,
+        tenant: Tenant<'_>,
+        hash: u64,
+        entry: Box<ObjectEntry>,
+    ) -> &mut ObjectEntry {
         self.objects
-            .insert_unique(hash, entry, |e| key_hash(tenant, &e.key));
+            .insert_unique(hash, entry, |e| key_hash(tenant, &e.key))
+            .into_mut()
     }
 
     pub fn len(&self) -> usize {

@@ -1,47 +1,73 @@
 //! The Mooncake Store master as a pure, synchronous, thread-safe state machine.
 //!
-//! It owns the metadata of every object (a 1024-shard index of tenant → key → object), the
+//! **Owns**: the metadata of every object (a 1024-shard index of tenant → key → object), the
 //! mounted segments with one exact allocator each, replica placement, the put/get/remove/upsert
 //! lifecycle with its leases, soft and hard pins and put timeouts, client liveness, eviction by
-//! last access, group routing, tenant quotas, copy/move and the client task queue. Every deadline reads an
-//! injected [`mooncake_common::Clock`]; background work is exposed as `run_*_once` methods that a
-//! server loop (or a test) calls.
+//! last access, group routing, tenant quotas, copy/move and the client task queue, and the one
+//! seam through which every change of durable state is observed ([`mutation`]) and replayed
+//! ([`MasterService::apply`]). Every deadline reads an injected [`mooncake_common::Clock`], every
+//! random choice an injected seed ([`MasterService::with_seed`]); background work is exposed as
+//! `run_*_once` methods that a server loop (or a test) calls.
 //!
-//! It must never open sockets, spawn threads or sleep, and it never sees object bytes; its only
-//! I/O is reading and writing the tenant policy file when the caller asks for it
-//! (`load_tenant_policy_file`, and the quota admin methods once a file was loaded).
-//! Map of the crate: `allocator` (per-segment buffers), `strategy` (placement), `segments`
-//! (mount/unmount), `index` (shards, stripes, routing), `object` (metadata), `put`, `upsert`,
-//! `read`, `remove`, `replication`, `tasks` (the RPCs), `clients` (ping and the monitor),
-//! `eviction`, `quota` (tenants), `service` (the handle, segment RPCs, background steps, checks).
-//! See docs/master.md.
+//! **Must never**: open sockets or files, spawn threads or sleep, or see object bytes. Reading
+//! and writing the tenant policy file is the server's job; the master parses and prints the YAML
+//! ([`TenantPolicy::parse_yaml`], [`TenantPolicy::to_yaml`]) and applies parsed policies.
+//!
+//! **Map.** Components (plain data, never naming [`MasterService`]): `config`, `rng`,
+//! `allocator` (per-segment buffers), `strategy` (placement), `segments` (mounted segments),
+//! `index` (shards, stripes, hashing), `routes` (group routing), `object` (metadata), `quota`
+//! (accounts, policy), `tasks` (client task queue), `clients` (ping queue, deadlines), `deferred`
+//! (discarded list, soft-pin heap), `mutation` (records, the observer trait). The handle: `handle`
+//! ([`MasterService`], construction, tenant resolution, routing). The seam: `seam` (emission and
+//! the shared write-path helpers) and `apply` (apply, export). RPC families and background steps,
+//! each an `impl MasterService` over the components: `put` (PutStart phases), `put_end`,
+//! `put_timeouts` (discarded list, reaper), `upsert`, `read`, `remove`, `replication`
+//! (copy/move), `tasks_rpc`, `segment_rpc`, `liveness` (ping, client monitor), `eviction`,
+//! `pins` (soft-pin expiry), `tenants` (quota admin), `audit` (checks). Dependencies go RPC
+//! family → handle → components. See docs/master.md.
 
 pub mod allocator;
+mod apply;
+mod audit;
 mod clients;
 pub mod config;
+mod deferred;
 mod eviction;
+mod handle;
 mod index;
+mod liveness;
+pub mod mutation;
 mod object;
+mod pins;
 mod put;
+mod put_end;
+mod put_timeouts;
 pub mod quota;
 mod read;
 mod remove;
 mod replication;
+pub mod rng;
+mod routes;
+mod seam;
+mod segment_rpc;
 mod segments;
-mod service;
 pub mod strategy;
 pub mod tasks;
+mod tasks_rpc;
+mod tenants;
 mod upsert;
 
+pub use apply::ApplyError;
+pub use audit::AccountingReport;
 pub use clients::PING_QUEUE_CAPACITY;
 pub use config::{ConfigError, MasterServiceConfig};
 pub use eviction::EvictionReport;
+pub use handle::{MasterService, ObserverAlreadySet, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES};
 pub use index::{SHARD_COUNT, STRIPE_COUNT};
+pub use mutation::{MasterState, Mutation, MutationObserver, ObjectRecord};
 pub use object::ObjectInfo;
+pub use put_timeouts::PutTimeoutReport;
 pub use quota::{effective_quotas, PolicyError, TenantPolicy, TenantQuotaSnapshot};
 pub use segments::SegmentUsage;
-pub use service::{
-    AccountingReport, MasterService, PutTimeoutReport, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES,
-};
 pub use strategy::AllocationStrategy;
 pub use tasks::TaskLimits;

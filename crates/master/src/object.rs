@@ -39,7 +39,19 @@ pub(crate) struct Replica {
     pub data: ReplicaData,
 }
 
+/// Replicas taken out of an object (to be discarded, or freed once the change is observed).
+/// Two inline: what one object usually holds.
+pub(crate) type Removed = SmallVec<[Replica; 2]>;
+
 impl Replica {
+    /// The buffer it owns (memory-like replicas), given up to the caller.
+    pub fn into_buffer(self) -> Option<BufferHandle> {
+        match self.data {
+            ReplicaData::Memory(h) | ReplicaData::NoF(h) => Some(h),
+            _ => None,
+        }
+    }
+
     pub fn replica_type(&self) -> ReplicaType {
         match self.data {
             ReplicaData::Memory(_) => ReplicaType::MEMORY,
@@ -149,7 +161,7 @@ pub(crate) struct ObjectExtra {
     pub group: Option<Box<str>>,
     pub pending_soft_pin: Option<PendingSoftPin>,
     /// The tenant's quota account, when quotas are on: every memory replica's bytes are charged
-    /// to it while the object holds the replica (see `ObjectMetadata::retain_replicas`).
+    /// to it while the object holds the replica (see `ObjectMetadata::extract_replicas`).
     pub account: Option<Arc<TenantAccount>>,
     /// The object's copy or move task.
     pub task: Option<ReplicationTask>,
@@ -220,19 +232,29 @@ impl ObjectMetadata {
         self.replicas.iter().all(Replica::is_complete)
     }
 
-    /// Lazy cleanup: erase memory-like replicas whose segment is gone. True if any was erased.
+    /// Lazy cleanup: erase memory-like replicas whose segment is gone (they hold nothing, so no
+    /// buffer is freed). True if any was erased.
     pub fn drop_dead_replicas(&mut self) -> bool {
         self.retain_replicas(Replica::is_valid) > 0
     }
 
-    /// Keeps the replicas `keep` accepts; the others are dropped (their buffers freed) and their
-    /// bytes refunded to the tenant's quota. Returns how many were dropped.
-    pub fn retain_replicas(&mut self, mut keep: impl FnMut(&Replica) -> bool) -> usize {
+    /// The unmount sweep's cleanup: erase the COMPLETE replicas whose segment is gone (in-flight
+    /// ones are left to the writer's next call or the put-timeout reaper, as upstream).
+    pub fn drop_dead_complete_replicas(&mut self) {
+        self.retain_replicas(|r| !r.is_complete() || r.is_valid());
+    }
+
+    /// Keeps the replicas `keep` accepts; the others are dropped and their bytes refunded.
+    /// Private: it drops buffers in place, which only dead replicas may do (a live buffer freed
+    /// before its change is observed could be re-allocated and observed first; live replicas
+    /// leave through [`ObjectMetadata::extract_replicas`]).
+    fn retain_replicas(&mut self, mut keep: impl FnMut(&Replica) -> bool) -> usize {
         let before = self.replicas.len();
         let mut refund = 0u64;
         self.replicas.retain(|r| {
             let k = keep(r);
             if !k {
+                debug_assert!(!r.is_valid(), "a live replica dropped in place");
                 refund += r.charged_bytes();
             }
             k
@@ -242,22 +264,22 @@ impl ObjectMetadata {
     }
 
     /// Takes every replica out (to discard them), refunding their bytes.
-    pub fn take_replicas(&mut self) -> Vec<Replica> {
+    pub fn take_replicas(&mut self) -> Removed {
         self.extract_replicas(|_| true)
     }
 
-    /// Takes out the replicas `take` selects (to discard them), refunding their bytes.
-    pub fn extract_replicas(&mut self, mut take: impl FnMut(&Replica) -> bool) -> Vec<Replica> {
-        let mut out = Vec::new();
-        let mut keep = SmallVec::new();
-        for r in std::mem::take(&mut self.replicas) {
-            if take(&r) {
-                out.push(r);
+    /// Takes out the replicas `take` selects, in order, refunding their bytes. The caller keeps
+    /// them alive until the change is observed, then discards or drops them.
+    pub fn extract_replicas(&mut self, mut take: impl FnMut(&Replica) -> bool) -> Removed {
+        let mut out = Removed::new();
+        let mut i = 0;
+        while i < self.replicas.len() {
+            if take(&self.replicas[i]) {
+                out.push(self.replicas.remove(i));
             } else {
-                keep.push(r);
+                i += 1;
             }
         }
-        self.replicas = keep;
         self.refund(out.iter().map(Replica::charged_bytes).sum());
         out
     }

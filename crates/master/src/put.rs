@@ -1,20 +1,29 @@
-//! PutStart / PutEnd / PutRevoke and their batches (spec/master.md §5, §7).
+//! PutStart and its batch (spec/master.md §5, §7), shared with UpsertStart (`upsert.rs`).
+//!
+//! One start runs in phases, under the key's stripe: [`MasterService::validate_put`] (upstream's
+//! checks and order), [`MasterService::settle_existing`] (a live key is refused or pre-empted, an
+//! upsert rewrites in place or clears the old value), [`MasterService::charge_quota`] (with
+//! tenant-scoped eviction on a deficit), [`MasterService::place_replicas`] (the allocation
+//! strategy), [`MasterService::insert_started`] (the PROCESSING object enters the index and is
+//! observed). PutEnd and PutRevoke are `put_end.rs`; the discarded list and the reaper
+//! `put_timeouts.rs`.
 
-use std::cmp::Reverse;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use mooncake_common::{
-    ClientId, ErrorCode, ObjectMeta, ReplicaDescriptor, ReplicaStatus, ReplicaType,
-    ReplicateConfig, SoftPinAction, TenantId,
+    ClientId, ErrorCode, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SoftPinAction,
 };
+use parking_lot::RwLockWriteGuard;
 use smallvec::SmallVec;
 
-use crate::index::{group_hash, key_hash, routed, shard_of, Tenant};
+use crate::allocator::BufferHandle;
+use crate::handle::{MasterService, MAX_KEY_LEN_BYTES};
+use crate::index::{group_hash, key_hash, routed, shard_of, Shard, Tenant};
 use crate::object::{
     ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Replica, ReplicaData,
     FLAG_HARD_PIN, FLAG_PROCESSING,
 };
-use crate::service::{MasterService, SoftPinDeadline, MAX_KEY_LEN_BYTES};
+use crate::quota::TenantAccount;
 use crate::strategy::{place, AllocationStrategy, PlacementRequest};
 
 /// Whether a start is a put (refuses live keys) or an upsert (rewrites them).
@@ -34,8 +43,36 @@ pub(crate) struct PutArgs<'a> {
     pub preferred_override: Option<&'a str>,
 }
 
+/// What one start knows once validated.
+struct Start<'a> {
+    client: ClientId,
+    args: &'a PutArgs<'a>,
+    tenant: Tenant<'a>,
+    /// The group, `None` for an empty one.
+    group: Option<&'a str>,
+    pending_soft_pin: Option<PendingSoftPin>,
+    mode: StartMode,
+    now_ms: u64,
+}
+
+/// What an upsert keeps from the value it replaces.
+#[derive(Debug, Clone, Copy, Default)]
+struct Carried {
+    hard_pin: bool,
+    soft_pin_deadline_ms: u64,
+}
+
+/// What the start found at the key.
+enum Existing {
+    /// Nothing live is left there (absent, dead, pre-empted or cleared by an upsert).
+    Cleared(Carried),
+    /// A same-size upsert rewrote the value in place: these descriptors are the answer.
+    Rewritten(Vec<ReplicaDescriptor>),
+}
+
 impl MasterService {
-    /// Upstream's PutStart checks, in upstream's order. Returns the pending soft pin to record.
+    /// Phase 1: upstream's PutStart checks, in upstream's order. Returns the pending soft pin to
+    /// record.
     fn validate_put(
         &self,
         key: &str,
@@ -132,9 +169,8 @@ impl MasterService {
         batch: bool,
         mode: StartMode,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
-        let config = args.config;
         let pending_soft_pin =
-            self.validate_put(args.key, args.slice_length, config, tenant, batch)?;
+            self.validate_put(args.key, args.slice_length, args.config, tenant, batch)?;
         let key = args.key;
         let own_hash = key_hash(tenant, key);
         let _stripe = self.index.stripe(own_hash).lock();
@@ -142,84 +178,25 @@ impl MasterService {
         let group = args.group.filter(|g| !g.is_empty());
         let old_hash = self.route_from(tenant, key, own_hash);
         let new_hash = group.map_or(own_hash, |g| routed(own_hash, group_hash(g)));
-        let now = self.clock.now_ms();
-        let release_ms = self.config.release_timeout_ms();
-        let mut carried_hard_pin = false;
-        let mut carried_soft_pin_ms = 0;
+        let start = Start {
+            client,
+            args,
+            tenant,
+            group,
+            pending_soft_pin,
+            mode,
+            now_ms: self.clock.now_ms(),
+        };
 
         let mut shard = self.index.shard(old_hash).write();
-        {
-            if let Some(state) = shard.tenant_mut(tenant) {
-                let mut erase = false;
-                if let Some(entry) = state.find_mut(old_hash, key) {
-                    let meta = &mut entry.meta;
-                    meta.drop_dead_replicas();
-                    if meta.is_valid() {
-                        match mode {
-                            StartMode::Put => {
-                                let recent = meta
-                                    .put_start_ms
-                                    .saturating_add(self.config.discard_timeout_ms())
-                                    >= now;
-                                if meta.has_complete() || recent {
-                                    return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
-                                }
-                                // Pre-empt the stale put: keep its buffers until its release time.
-                                let release_at = meta.put_start_ms.saturating_add(release_ms);
-                                self.discard(meta.take_replicas(), release_at);
-                            }
-                            StartMode::Upsert => {
-                                if meta.group() != group {
-                                    return Err(ErrorCode::INVALID_PARAMS);
-                                }
-                                if meta.has_task() {
-                                    return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
-                                }
-                                if meta.replicas.iter().any(|r| r.refcnt > 0) {
-                                    return Err(ErrorCode::OBJECT_REPLICA_BUSY);
-                                }
-                                if meta.is_processing() {
-                                    // Pre-empt the in-flight write at once.
-                                    let stale = meta.extract_replicas(|r| {
-                                        r.status == ReplicaStatus::PROCESSING
-                                    });
-                                    self.discard(stale, now.saturating_add(release_ms));
-                                    meta.set(FLAG_PROCESSING, false);
-                                }
-                                if meta.has_complete() {
-                                    if meta.size == args.slice_length {
-                                        return Ok(Self::rewrite_in_place(
-                                            meta,
-                                            client,
-                                            config,
-                                            pending_soft_pin,
-                                            now,
-                                        ));
-                                    }
-                                    carried_hard_pin = meta.has(FLAG_HARD_PIN);
-                                    if meta.soft_pinned(now) {
-                                        carried_soft_pin_ms = meta.soft_pin_deadline_ms;
-                                    }
-                                    self.discard(
-                                        meta.take_replicas(),
-                                        now.saturating_add(release_ms),
-                                    );
-                                }
-                            }
-                        }
-                    }
-                    erase = true;
-                }
-                if erase {
-                    state.remove(old_hash, key);
-                    shard.drop_tenant_if_empty(tenant);
-                }
-            }
-        }
+        let carried = match self.settle_existing(&mut shard, &start, old_hash)? {
+            Existing::Rewritten(descriptors) => return Ok(descriptors),
+            Existing::Cleared(carried) => carried,
+        };
         // Common case (no quota, same shard): keep the shard locked through allocation and
-        // insertion, one lock round trip as before. With a quota the lock is released, because
-        // a deficit runs tenant-scoped eviction, which walks the shards.
-        let mut held = if account.is_none() && shard_of(old_hash) == shard_of(new_hash) {
+        // insertion, one lock round trip. With a quota the lock is released, because a deficit
+        // runs tenant-scoped eviction, which walks the shards.
+        let held = if account.is_none() && shard_of(old_hash) == shard_of(new_hash) {
             Some(shard)
         } else {
             drop(shard);
@@ -230,22 +207,120 @@ impl MasterService {
                 .set(tenant, key, own_hash, group.map(group_hash));
         }
 
-        // Quota: charge the full request now, with up to two tenant-scoped evictions.
-        let want = args.slice_length.saturating_mul(config.replica_num as u64);
+        let want = args
+            .slice_length
+            .saturating_mul(args.config.replica_num as u64);
         if let Some(acc) = &account {
-            let mut tries = 0;
-            while let Err(deficit) = acc.try_charge(want) {
-                if deficit == u64::MAX {
-                    return Err(ErrorCode::TENANT_NOT_REGISTERED);
-                }
-                if tries == 2 {
-                    return Err(ErrorCode::TENANT_QUOTA_EXCEEDED);
-                }
-                tries += 1;
-                self.evict_for_tenant(tenant, deficit);
-            }
+            self.charge_quota(acc, tenant, want)?;
         }
+        let handles = self.place_replicas(client, args, own_hash);
+        if let Some(acc) = &account {
+            acc.refund(want.saturating_sub(handles.iter().map(BufferHandle::len).sum()));
+        }
+        if handles.is_empty() {
+            return Err(ErrorCode::NO_AVAILABLE_HANDLE);
+        }
+        self.insert_started(held, &start, new_hash, handles, carried, account)
+    }
 
+    /// Phase 2: what is at the key. A put refuses a live value (`OBJECT_ALREADY_EXISTS`: a
+    /// COMPLETE replica, or another put started within the discard timeout) and pre-empts an
+    /// older unfinished one (its buffers discarded until its own release time). An upsert checks
+    /// group, task and busy replicas, pre-empts an in-flight write at once, then rewrites a
+    /// same-size value in place or discards the old value. Whatever is left is erased.
+    fn settle_existing(
+        &self,
+        shard: &mut Shard,
+        start: &Start<'_>,
+        hash: u64,
+    ) -> Result<Existing, ErrorCode> {
+        let now = start.now_ms;
+        let release_ms = self.config.release_timeout_ms();
+        let discard_ms = self.config.discard_timeout_ms();
+        let settled = self.edit_entry(shard, start.tenant, hash, start.args.key, |meta, edit| {
+            let mut carried = Carried::default();
+            meta.drop_dead_replicas();
+            if meta.is_valid() {
+                match start.mode {
+                    StartMode::Put => {
+                        let recent = meta.put_start_ms.saturating_add(discard_ms) >= now;
+                        if meta.has_complete() || recent {
+                            return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+                        }
+                        let release_at = meta.put_start_ms.saturating_add(release_ms);
+                        edit.discard(meta.take_replicas(), release_at);
+                    }
+                    StartMode::Upsert => {
+                        if meta.group() != start.group {
+                            return Err(ErrorCode::INVALID_PARAMS);
+                        }
+                        if meta.has_task() {
+                            return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
+                        }
+                        if meta.replicas.iter().any(|r| r.refcnt > 0) {
+                            return Err(ErrorCode::OBJECT_REPLICA_BUSY);
+                        }
+                        let release_at = now.saturating_add(release_ms);
+                        if meta.is_processing() {
+                            // Pre-empt the in-flight write at once.
+                            let stale =
+                                meta.extract_replicas(|r| r.status == ReplicaStatus::PROCESSING);
+                            edit.discard(stale, release_at);
+                            meta.set(FLAG_PROCESSING, false);
+                        }
+                        if meta.has_complete() {
+                            if meta.size == start.args.slice_length {
+                                edit.changed();
+                                return Ok(Existing::Rewritten(Self::rewrite_in_place(
+                                    meta, start,
+                                )));
+                            }
+                            carried.hard_pin = meta.has(FLAG_HARD_PIN);
+                            if meta.soft_pinned(now) {
+                                carried.soft_pin_deadline_ms = meta.soft_pin_deadline_ms;
+                            }
+                            edit.discard(meta.take_replicas(), release_at);
+                        }
+                    }
+                }
+            }
+            edit.erase();
+            Ok(Existing::Cleared(carried))
+        });
+        settled.unwrap_or(Ok(Existing::Cleared(Carried::default())))
+    }
+
+    /// Phase 3: charges the full request to the tenant, running tenant-scoped eviction for the
+    /// deficit and retrying, at most twice.
+    fn charge_quota(
+        &self,
+        account: &TenantAccount,
+        tenant: Tenant<'_>,
+        bytes: u64,
+    ) -> Result<(), ErrorCode> {
+        let mut tries = 0;
+        while let Err(deficit) = account.try_charge(bytes) {
+            if deficit == u64::MAX {
+                return Err(ErrorCode::TENANT_NOT_REGISTERED);
+            }
+            if tries == 2 {
+                return Err(ErrorCode::TENANT_QUOTA_EXCEEDED);
+            }
+            tries += 1;
+            self.evict_for_tenant(tenant, deficit);
+        }
+        Ok(())
+    }
+
+    /// Phase 4: up to `replica_num` buffers on distinct names (best effort). Nothing placed
+    /// while at least `replica_num` names exist sets the need-eviction flag.
+    fn place_replicas(
+        &self,
+        client: ClientId,
+        args: &PutArgs<'_>,
+        key_hash: u64,
+    ) -> Vec<BufferHandle> {
+        let config = args.config;
         let preferred_single;
         let preferred: &[String] = match args.preferred_override {
             Some(name) => {
@@ -254,38 +329,47 @@ impl MasterService {
             }
             None => config.effective_preferred_segments(),
         };
-        let handles = {
-            let segs = self.segments.inner.read();
-            let use_local = config.prefer_alloc_in_same_node
-                || (self.config.allocation_strategy == AllocationStrategy::LocalFirst
-                    && config.replica_num == 1);
-            let local_host = if !use_local {
-                None
-            } else if !config.host_id.is_empty() {
-                Some(config.host_id.as_str())
-            } else {
-                segs.client_host.get(&client).map(String::as_str)
-            };
-            let req = PlacementRequest {
-                size: args.slice_length,
-                replica_num: config.replica_num,
-                preferred,
-                local_host,
-                key_hash: own_hash,
-            };
-            let handles = place(&segs.allocatable, self.config.allocation_strategy, &req);
-            if handles.is_empty() && segs.allocatable.name_count() >= config.replica_num {
-                self.need_eviction.store(true, Ordering::Relaxed);
-            }
-            handles
+        let segs = self.segments.inner.read();
+        let use_local = config.prefer_alloc_in_same_node
+            || (self.config.allocation_strategy == AllocationStrategy::LocalFirst
+                && config.replica_num == 1);
+        let local_host = if !use_local {
+            None
+        } else if !config.host_id.is_empty() {
+            Some(config.host_id.as_str())
+        } else {
+            segs.client_host.get(&client).map(String::as_str)
         };
-        if let Some(acc) = &account {
-            acc.refund(want.saturating_sub(handles.iter().map(|h| h.len()).sum()));
+        let req = PlacementRequest {
+            size: args.slice_length,
+            replica_num: config.replica_num,
+            preferred,
+            local_host,
+            key_hash,
+        };
+        let handles = place(
+            &segs.allocatable,
+            self.config.allocation_strategy,
+            &req,
+            &self.rng,
+        );
+        if handles.is_empty() && segs.allocatable.name_count() >= config.replica_num {
+            self.need_eviction.store(true, Ordering::Relaxed);
         }
-        if handles.is_empty() {
-            return Err(ErrorCode::NO_AVAILABLE_HANDLE);
-        }
+        handles
+    }
 
+    /// Phase 5: records the object as PROCESSING in its (group's) shard and observes it.
+    fn insert_started(
+        &self,
+        held: Option<RwLockWriteGuard<'_, Shard>>,
+        start: &Start<'_>,
+        hash: u64,
+        handles: Vec<BufferHandle>,
+        carried: Carried,
+        account: Option<std::sync::Arc<TenantAccount>>,
+    ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+        let (args, config, key) = (start.args, start.args.config, start.args.key);
         let replicas: SmallVec<[Replica; 1]> = handles
             .into_iter()
             .map(|h| Replica {
@@ -299,28 +383,29 @@ impl MasterService {
             .iter()
             .filter_map(|r| r.descriptor(args.slice_length))
             .collect();
-        let extra =
-            (group.is_some() || pending_soft_pin.is_some() || account.is_some()).then(|| {
+        let group = start.group;
+        let extra = (group.is_some() || start.pending_soft_pin.is_some() || account.is_some())
+            .then(|| {
                 Box::new(ObjectExtra {
                     group: group.map(Box::from),
-                    pending_soft_pin,
+                    pending_soft_pin: start.pending_soft_pin,
                     account,
                     task: None,
                 })
             });
         let mut flags = FLAG_PROCESSING;
-        if config.with_hard_pin || carried_hard_pin {
+        if config.with_hard_pin || carried.hard_pin {
             flags |= FLAG_HARD_PIN;
         }
         let entry = Box::new(ObjectEntry {
             key: ObjectKey::new(key),
             meta: ObjectMetadata {
-                client_id: client,
+                client_id: start.client,
                 size: args.slice_length,
-                put_start_ms: now,
+                put_start_ms: start.now_ms,
                 lease_timeout_ms: AtomicU64::new(0),
-                last_access_ms: AtomicU64::new(now),
-                soft_pin_deadline_ms: carried_soft_pin_ms,
+                last_access_ms: AtomicU64::new(start.now_ms),
+                soft_pin_deadline_ms: carried.soft_pin_deadline_ms,
                 checksum: 0,
                 flags,
                 data_type: config.data_type,
@@ -328,199 +413,45 @@ impl MasterService {
                 replicas,
             },
         });
-        let mut shard = match held.take() {
+        let mut shard = match held {
             Some(guard) => guard,
-            None => self.index.shard(new_hash).write(),
+            None => self.index.shard(hash).write(),
         };
+        let tenant = start.tenant;
         let state = shard.tenant_or_insert(tenant);
-        if state.find(new_hash, key).is_some() {
+        if state.find(hash, key).is_some() {
             // Cannot happen while the stripe is held; refuse rather than overwrite.
             drop(entry);
             shard.drop_tenant_if_empty(tenant);
             return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
         }
-        state.insert(tenant, new_hash, entry);
+        let entry = state.insert(tenant, hash, entry);
+        self.emit_entry(tenant, entry);
         Ok(descriptors)
     }
 
     /// Same-size upsert: every COMPLETE replica goes back to PROCESSING (the key is unreadable
     /// until End), the writer and start time change, and the existing descriptors are returned.
-    fn rewrite_in_place(
-        meta: &mut ObjectMetadata,
-        client: ClientId,
-        config: &ReplicateConfig,
-        pending_soft_pin: Option<PendingSoftPin>,
-        now_ms: u64,
-    ) -> Vec<ReplicaDescriptor> {
+    fn rewrite_in_place(meta: &mut ObjectMetadata, start: &Start<'_>) -> Vec<ReplicaDescriptor> {
         for r in meta.replicas.iter_mut() {
             if r.status == ReplicaStatus::COMPLETE {
                 r.status = ReplicaStatus::PROCESSING;
             }
         }
-        meta.client_id = client;
-        meta.put_start_ms = now_ms;
+        meta.client_id = start.client;
+        meta.put_start_ms = start.now_ms;
         meta.set(FLAG_PROCESSING, true);
-        if config.with_hard_pin {
+        if start.args.config.with_hard_pin {
             meta.set(FLAG_HARD_PIN, true);
         }
-        if pending_soft_pin.is_some() {
-            meta.extra_mut().pending_soft_pin = pending_soft_pin;
+        if start.pending_soft_pin.is_some() {
+            meta.extra_mut().pending_soft_pin = start.pending_soft_pin;
         }
         let size = meta.size;
         meta.replicas
             .iter()
             .filter_map(|r| r.descriptor(size))
             .collect()
-    }
-
-    /// PutEnd: marks the selected PROCESSING replicas COMPLETE (the object becomes readable).
-    /// OBJECT_NOT_FOUND if missing, ILLEGAL_CLIENT if `client` is not the writer; a retry after
-    /// completion is OK; INVALID_WRITE if the object is not being written and a selected replica
-    /// is not COMPLETE. Applies the put's soft-pin request when this completes the first replica,
-    /// stores the checksum, and counts as an access (no read lease is granted).
-    pub fn put_end(
-        &self,
-        client: ClientId,
-        meta: &ObjectMeta,
-        replica_type: ReplicaType,
-        tenant: &str,
-    ) -> Result<(), ErrorCode> {
-        let tenant = self.resolve_tenant(tenant)?;
-        let key = meta.key.as_str();
-        let hash = self.route(tenant, key);
-        let mut shard = self.index.shard(hash).write();
-        let now = self.clock.now_ms();
-        let state = shard
-            .tenant_mut(tenant)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let entry = state
-            .find_mut(hash, key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let m = &mut entry.meta;
-        m.drop_dead_replicas();
-        if !m.is_valid() {
-            state.remove(hash, key);
-            shard.drop_tenant_if_empty(tenant);
-            return Err(ErrorCode::OBJECT_NOT_FOUND);
-        }
-        if m.client_id != client {
-            return Err(ErrorCode::ILLEGAL_CLIENT);
-        }
-        if !m.is_processing() {
-            let done = m
-                .replicas
-                .iter()
-                .filter(|r| replica_type.selects(r.replica_type()))
-                .all(Replica::is_complete);
-            return if done {
-                Ok(())
-            } else {
-                Err(ErrorCode::INVALID_WRITE)
-            };
-        }
-        let had_complete = m.has_complete();
-        for r in m.replicas.iter_mut() {
-            if replica_type.selects(r.replica_type()) && r.status == ReplicaStatus::PROCESSING {
-                r.status = ReplicaStatus::COMPLETE;
-            }
-        }
-        let mut pin_deadline = None;
-        if !had_complete && m.has_complete() {
-            if let Some(pin) = m.extra.as_mut().and_then(|e| e.pending_soft_pin.take()) {
-                match pin.action {
-                    SoftPinAction::Enable if pin.ttl_ms > 0 => {
-                        let deadline = now.saturating_add(pin.ttl_ms);
-                        m.soft_pin_deadline_ms = deadline;
-                        pin_deadline = Some(deadline);
-                    }
-                    SoftPinAction::Enable | SoftPinAction::Disable => m.soft_pin_deadline_ms = 0,
-                    SoftPinAction::Preserve => {}
-                }
-                m.compact_extra();
-            }
-        }
-        if meta.object_checksum.is_some()
-            || matches!(
-                replica_type,
-                ReplicaType::ALL | ReplicaType::MEMORY | ReplicaType::NOF_SSD
-            )
-        {
-            m.set_checksum(meta.object_checksum);
-        }
-        if m.all_complete() {
-            m.set(FLAG_PROCESSING, false);
-        }
-        m.grant_lease(now, 0);
-        m.touch(now);
-        if let Some(deadline_ms) = pin_deadline {
-            let tenant_id = match tenant {
-                Tenant::Default => None,
-                Tenant::Named(t) => TenantId::new(t).ok(),
-            };
-            self.soft_pins.lock().push(Reverse(SoftPinDeadline {
-                deadline_ms,
-                tenant: tenant_id,
-                key: Box::from(key),
-            }));
-        }
-        Ok(())
-    }
-
-    /// PutRevoke: erases the selected PROCESSING replicas and frees their buffers at once.
-    /// OBJECT_NOT_FOUND, ILLEGAL_CLIENT, or INVALID_WRITE when the object is not being written
-    /// or a selected replica is not PROCESSING (Revoke is not idempotent).
-    pub fn put_revoke(
-        &self,
-        client: ClientId,
-        key: &str,
-        replica_type: ReplicaType,
-        tenant: &str,
-    ) -> Result<(), ErrorCode> {
-        let tenant = self.resolve_tenant(tenant)?;
-        let hash = self.route(tenant, key);
-        let mut shard = self.index.shard(hash).write();
-        let state = shard
-            .tenant_mut(tenant)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let entry = state
-            .find_mut(hash, key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let m = &mut entry.meta;
-        m.drop_dead_replicas();
-        if !m.is_valid() {
-            state.remove(hash, key);
-            shard.drop_tenant_if_empty(tenant);
-            return Err(ErrorCode::OBJECT_NOT_FOUND);
-        }
-        if m.client_id != client {
-            return Err(ErrorCode::ILLEGAL_CLIENT);
-        }
-        let selected = |r: &Replica| replica_type.selects(r.replica_type());
-        if !m.is_processing()
-            || m.replicas
-                .iter()
-                .any(|r| selected(r) && r.status != ReplicaStatus::PROCESSING)
-        {
-            return Err(ErrorCode::INVALID_WRITE);
-        }
-        m.retain_replicas(|r| !selected(r));
-        if !m.is_valid() {
-            state.remove(hash, key);
-            shard.drop_tenant_if_empty(tenant);
-            return Ok(());
-        }
-        let processing = m
-            .replicas
-            .iter()
-            .any(|r| r.status == ReplicaStatus::PROCESSING);
-        m.set(FLAG_PROCESSING, processing);
-        if !processing {
-            if let Some(e) = m.extra.as_mut() {
-                e.pending_soft_pin = None;
-            }
-            m.compact_extra();
-        }
-        Ok(())
     }
 
     /// BatchPutStart: one result per key, in order. Mismatched `keys`/`slice_lengths` lengths, or
@@ -577,32 +508,5 @@ impl MasterService {
             out.push(result);
         }
         out
-    }
-
-    /// BatchPutEnd: PutEnd per entry, one result per entry, in order.
-    pub fn batch_put_end(
-        &self,
-        client: ClientId,
-        metas: &[ObjectMeta],
-        replica_type: ReplicaType,
-        tenant: &str,
-    ) -> Vec<Result<(), ErrorCode>> {
-        metas
-            .iter()
-            .map(|m| self.put_end(client, m, replica_type, tenant))
-            .collect()
-    }
-
-    /// BatchPutRevoke: PutRevoke per key, one result per key, in order.
-    pub fn batch_put_revoke(
-        &self,
-        client: ClientId,
-        keys: &[String],
-        replica_type: ReplicaType,
-        tenant: &str,
-    ) -> Vec<Result<(), ErrorCode>> {
-        keys.iter()
-            .map(|k| self.put_revoke(client, k, replica_type, tenant))
-            .collect()
     }
 }

@@ -1,18 +1,21 @@
 //! Tenants and quota (spec/master.md §10).
 //!
-//! With multi-tenancy on, a tenant may write only when a policy names it. The policy is a YAML
-//! file (`version: 1`, `tenants: [{name, quota}]`, quota a positive integer with an optional unit
-//! B/KB/MB/GB/TB, 1024-based) or set through the admin methods. Effective quotas follow the
-//! proportional formula with largest-remainder rounding over the mounted capacity.
+//! With multi-tenancy on, a tenant may write only when a policy names it. The policy is YAML
+//! (`version: 1`, `tenants: [{name, quota}]`, quota a positive integer with an optional unit
+//! B/KB/MB/GB/TB, 1024-based), parsed and printed here as pure functions; reading and writing the
+//! policy file is the server's business (the master does no file I/O). Effective quotas follow
+//! the proportional formula with largest-remainder rounding over the mounted capacity.
+//!
+//! This file is the quota table as plain data; the tenant RPCs and admin methods over it are
+//! `tenants.rs`.
 //!
 //! Each tenant has one [`TenantAccount`]: `charged_bytes` is the sum, over the tenant's objects, of
 //! the bytes of the memory replicas they hold (PROCESSING ones are the in-flight pending charges).
 //! A put charges `size × replica_num` before allocating and refunds the shortfall at once; every
 //! replica dropped later (revoke, eviction, removal, client death, expiry) is refunded by the
-//! object metadata itself (`ObjectMetadata::retain_replicas` and its `Drop`).
+//! object metadata itself (`ObjectMetadata::extract_replicas` and its `Drop`).
 
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 
@@ -64,6 +67,11 @@ impl TenantAccount {
         }
     }
 
+    /// Charges `bytes` without an admission check (rebuilding charges from replayed objects).
+    pub fn charge_unchecked(&self, bytes: u64) {
+        self.charged.fetch_add(bytes, Ordering::AcqRel);
+    }
+
     pub fn refund(&self, bytes: u64) {
         let _ = self
             .charged
@@ -76,7 +84,7 @@ impl TenantAccount {
         self.charged.load(Ordering::Acquire)
     }
 
-    fn snapshot(&self) -> TenantQuotaSnapshot {
+    pub fn snapshot(&self) -> TenantQuotaSnapshot {
         let requested = self.requested.load(Ordering::Acquire);
         let effective = self.effective.load(Ordering::Acquire);
         let charged = self.charged_bytes();
@@ -106,7 +114,7 @@ pub struct TenantQuotaSnapshot {
 }
 
 /// A tenant quota policy: requested bytes per tenant.
-#[derive(Debug, Clone, Default, PartialEq, Eq)]
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct TenantPolicy {
     pub tenants: BTreeMap<TenantId, u64>,
 }
@@ -126,11 +134,9 @@ struct PolicyEntry {
     quota: serde_yaml::Value,
 }
 
-/// Why a policy file was refused.
+/// Why a policy text was refused.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PolicyError {
-    #[error("cannot read or write the tenant policy file {path}: {message}")]
-    Io { path: String, message: String },
     #[error("bad tenant policy: {0}")]
     Invalid(String),
 }
@@ -138,7 +144,6 @@ pub enum PolicyError {
 impl From<PolicyError> for ErrorCode {
     fn from(e: PolicyError) -> Self {
         match e {
-            PolicyError::Io { .. } => ErrorCode::PERSISTENT_FAIL,
             PolicyError::Invalid(_) => ErrorCode::INVALID_PARAMS,
         }
     }
@@ -197,25 +202,6 @@ impl TenantPolicy {
         };
         serde_yaml::to_string(&file).unwrap_or_default()
     }
-
-    pub fn load(path: &Path) -> Result<Self, PolicyError> {
-        let text = std::fs::read_to_string(path).map_err(|e| PolicyError::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        })?;
-        Self::parse_yaml(&text)
-    }
-
-    /// Writes the policy atomically (temporary file + rename).
-    pub fn store(&self, path: &Path) -> Result<(), PolicyError> {
-        let io = |e: std::io::Error| PolicyError::Io {
-            path: path.display().to_string(),
-            message: e.to_string(),
-        };
-        let tmp = path.with_extension("tmp");
-        std::fs::write(&tmp, self.to_yaml()).map_err(io)?;
-        std::fs::rename(&tmp, path).map_err(io)
-    }
 }
 
 /// Effective quotas: every request if they fit in `capacity`, else `floor(C × req / Σreq)` with
@@ -252,7 +238,6 @@ pub fn effective_quotas(capacity: u64, requested: &BTreeMap<TenantId, u64>) -> V
 pub(crate) struct QuotaTable {
     pub accounts: BTreeMap<TenantId, Arc<TenantAccount>>,
     pub policy: TenantPolicy,
-    pub policy_path: Option<PathBuf>,
     pub capacity_bytes: u64,
 }
 
@@ -297,204 +282,6 @@ impl QuotaTable {
 
     pub fn snapshots(&self) -> Vec<TenantQuotaSnapshot> {
         self.accounts.values().map(|a| a.snapshot()).collect()
-    }
-}
-
-impl crate::service::MasterService {
-    /// The tenant's account when quotas are on (`None` with multi-tenancy off). A tenant without
-    /// a policy (unknown or orphan) may not write: TENANT_NOT_REGISTERED.
-    pub(crate) fn tenant_account(
-        &self,
-        tenant: crate::index::Tenant<'_>,
-    ) -> Result<Option<Arc<TenantAccount>>, ErrorCode> {
-        if !self.config.enable_multi_tenants {
-            return Ok(None);
-        }
-        let name = match tenant {
-            crate::index::Tenant::Default => mooncake_common::DEFAULT_TENANT,
-            crate::index::Tenant::Named(t) => t,
-        };
-        let q = self.quota.read();
-        match q.accounts.get(name) {
-            Some(a) if q.policy.tenants.contains_key(name) => Ok(Some(a.clone())),
-            _ => Err(ErrorCode::TENANT_NOT_REGISTERED),
-        }
-    }
-
-    /// Recomputes effective quotas (after mount, unmount, client expiry or a policy change).
-    pub(crate) fn recompute_quotas(&self) {
-        if !self.config.enable_multi_tenants {
-            return;
-        }
-        let capacity = self.total_capacity_bytes();
-        self.quota.write().recompute(capacity);
-    }
-
-    fn require_multi_tenant(&self) -> Result<(), ErrorCode> {
-        if self.config.enable_multi_tenants {
-            Ok(())
-        } else {
-            Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
-        }
-    }
-
-    /// Replaces the whole policy (e.g. from the connector) and recomputes quotas. Tenants that
-    /// lose their policy become orphans: admission closed, data kept.
-    pub fn apply_tenant_policy(&self, policy: TenantPolicy) -> Result<(), ErrorCode> {
-        self.require_multi_tenant()?;
-        let capacity = self.total_capacity_bytes();
-        let mut q = self.quota.write();
-        q.policy = policy;
-        q.recompute(capacity);
-        Ok(())
-    }
-
-    /// Loads the `file` connector's policy (`tenant_quota_connector_uri`) and remembers the path,
-    /// so that the admin methods persist their changes there. This and the admin writes are the
-    /// only file I/O of the crate.
-    pub fn load_tenant_policy_file(&self, path: &Path) -> Result<(), PolicyError> {
-        if !self.config.enable_multi_tenants {
-            return Err(PolicyError::Invalid(
-                "multi-tenancy is off (enable_multi_tenants = false)".to_string(),
-            ));
-        }
-        let policy = TenantPolicy::load(path)?;
-        let capacity = self.total_capacity_bytes();
-        let mut q = self.quota.write();
-        q.policy = policy;
-        q.policy_path = Some(path.to_path_buf());
-        q.recompute(capacity);
-        Ok(())
-    }
-
-    /// `GET /api/v1/tenant_quotas[?tenant_id=]`: snapshots of every known tenant (or one, sorted
-    /// by name). UNAVAILABLE_IN_CURRENT_MODE with multi-tenancy off; an unknown tenant →
-    /// TENANT_NOT_REGISTERED.
-    pub fn list_tenant_quotas(
-        &self,
-        tenant: Option<&str>,
-    ) -> Result<Vec<TenantQuotaSnapshot>, ErrorCode> {
-        self.require_multi_tenant()?;
-        let q = self.quota.read();
-        match tenant {
-            None => Ok(q.snapshots()),
-            Some(t) => {
-                let id = TenantId::new(t)?;
-                q.accounts
-                    .get(&id)
-                    .map(|a| vec![a.snapshot()])
-                    .ok_or(ErrorCode::TENANT_NOT_REGISTERED)
-            }
-        }
-    }
-
-    /// `PUT /api/v1/tenant_quotas?tenant_id=` with `requested_quota_bytes` in [1, 2^63 − 1]:
-    /// persisted first (when a policy file is configured; failure → PERSISTENT_FAIL), then
-    /// applied. Returns the tenant's new snapshot.
-    pub fn set_tenant_quota(
-        &self,
-        tenant: &str,
-        requested_quota_bytes: u64,
-    ) -> Result<TenantQuotaSnapshot, ErrorCode> {
-        self.require_multi_tenant()?;
-        if !(1..=MAX_QUOTA_BYTES).contains(&requested_quota_bytes) {
-            return Err(ErrorCode::INVALID_PARAMS);
-        }
-        let id = TenantId::new(tenant)?;
-        let capacity = self.total_capacity_bytes();
-        let mut q = self.quota.write();
-        let mut policy = q.policy.clone();
-        policy.tenants.insert(id.clone(), requested_quota_bytes);
-        if let Some(path) = &q.policy_path {
-            policy.store(path)?;
-        }
-        q.policy = policy;
-        q.recompute(capacity);
-        q.accounts
-            .get(&id)
-            .map(|a| a.snapshot())
-            .ok_or(ErrorCode::INTERNAL_ERROR)
-    }
-
-    /// `DELETE /api/v1/tenant_quotas?tenant_id=`: no policy → OBJECT_NOT_FOUND; the tenant still
-    /// holds objects or charges → TENANT_NOT_EMPTY; otherwise the policy is removed (persisted
-    /// first) and admission closes.
-    pub fn delete_tenant_quota(&self, tenant: &str) -> Result<(), ErrorCode> {
-        self.require_multi_tenant()?;
-        let id = TenantId::new(tenant)?;
-        if !self.quota.read().policy.tenants.contains_key(&id) {
-            return Err(ErrorCode::OBJECT_NOT_FOUND);
-        }
-        if self.tenant_object_count(&id) > 0
-            || self
-                .quota
-                .read()
-                .accounts
-                .get(&id)
-                .is_some_and(|a| a.charged_bytes() > 0)
-        {
-            return Err(ErrorCode::TENANT_NOT_EMPTY);
-        }
-        let capacity = self.total_capacity_bytes();
-        let mut q = self.quota.write();
-        let mut policy = q.policy.clone();
-        policy.tenants.remove(&id);
-        if let Some(path) = &q.policy_path {
-            policy.store(path)?;
-        }
-        q.policy = policy;
-        q.recompute(capacity);
-        Ok(())
-    }
-
-    /// Objects of one tenant (all shards).
-    pub fn tenant_object_count(&self, tenant: &TenantId) -> usize {
-        let t = if tenant.is_default() {
-            crate::index::Tenant::Default
-        } else {
-            crate::index::Tenant::Named(tenant.as_str())
-        };
-        (0..crate::index::SHARD_COUNT)
-            .map(|i| {
-                self.index
-                    .shard_at(i)
-                    .read()
-                    .tenant(t)
-                    .map_or(0, |s| s.len())
-            })
-            .sum()
-    }
-
-    /// Per tenant: bytes charged, and the sum over its objects of the bytes of the memory
-    /// replicas they hold (must be equal; for tests and audits on a quiescent master).
-    pub fn check_quota_accounting(&self) -> Vec<(String, u64, u64)> {
-        let mut sums: BTreeMap<String, u64> = BTreeMap::new();
-        for i in 0..crate::index::SHARD_COUNT {
-            let shard = self.index.shard_at(i).read();
-            for (t, state) in shard.tenants() {
-                let name = match t {
-                    crate::index::Tenant::Default => mooncake_common::DEFAULT_TENANT,
-                    crate::index::Tenant::Named(n) => n,
-                };
-                let s: u64 = state.objects.iter().map(|e| e.meta.charged_bytes()).sum();
-                if s > 0 || state.len() > 0 {
-                    *sums.entry(name.to_string()).or_default() += s;
-                }
-            }
-        }
-        let q = self.quota.read();
-        for name in q.accounts.keys() {
-            sums.entry(name.to_string()).or_default();
-        }
-        sums.into_iter()
-            .map(|(name, held)| {
-                let charged = q
-                    .accounts
-                    .get(name.as_str())
-                    .map_or(0, |a| a.charged_bytes());
-                (name, charged, held)
-            })
-            .collect()
     }
 }
 

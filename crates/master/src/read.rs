@@ -7,9 +7,9 @@ use std::collections::HashMap;
 use mooncake_common::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaStatus};
 use regex::Regex;
 
+use crate::handle::{MasterService, MAX_REGEX_COMPILED_BYTES, MAX_REGEX_LEN_BYTES};
 use crate::index::{shard_of, Tenant, TenantState, SHARD_COUNT};
 use crate::object::{ObjectEntry, ObjectInfo, ObjectMetadata, Replica};
-use crate::service::{MasterService, MAX_REGEX_COMPILED_BYTES, MAX_REGEX_LEN_BYTES};
 
 impl MasterService {
     /// Compiles a key pattern (searched anywhere in the key). Bad or oversized → INVALID_PARAMS.
@@ -121,7 +121,12 @@ impl MasterService {
     /// Input indices bucketed by shard, in visiting order: from a random shard walking downward
     /// (mod 1024), so concurrent batches do not all queue on shard 0.
     fn by_shard(&self, tenant: Tenant<'_>, keys: &[String]) -> Vec<(u32, u32, u64)> {
-        let start = fastrand::usize(..SHARD_COUNT);
+        // A single key needs no spreading (and no draw).
+        let start = if keys.len() > 1 {
+            self.rng.below(SHARD_COUNT)
+        } else {
+            0
+        };
         let mut order: Vec<(u32, u32, u64)> = keys
             .iter()
             .enumerate()

@@ -3,13 +3,14 @@
 //! Every removal first drops replicas on dead segments (lazy cleanup); an object left invalid is
 //! erased and reported as OBJECT_NOT_FOUND. Remove's checks, in upstream's order: missing →
 //! OBJECT_NOT_FOUND; leased and not forced → OBJECT_HAS_LEASE; a replica not COMPLETE →
-//! REPLICA_IS_NOT_READY, even when forced. Pins never block removal.
+//! REPLICA_IS_NOT_READY, even when forced. Pins never block removal. Key calls go through the
+//! write seam (`seam.rs`); the sweeps observe each erasure before dropping the entry.
 
 use mooncake_common::{ClientId, ErrorCode};
 
+use crate::handle::MasterService;
 use crate::index::{shard_of, Shard, Tenant, SHARD_COUNT};
 use crate::object::ObjectMetadata;
-use crate::service::MasterService;
 
 /// What to do with one object.
 enum Verdict {
@@ -33,6 +34,7 @@ impl MasterService {
 
     /// Remove's logic on one key of a write-locked shard.
     fn remove_in_shard(
+        &self,
         shard: &mut Shard,
         tenant: Tenant<'_>,
         hash: u64,
@@ -40,23 +42,11 @@ impl MasterService {
         now_ms: u64,
         force: bool,
     ) -> Result<(), ErrorCode> {
-        let state = shard
-            .tenant_mut(tenant)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let entry = state
-            .find_mut(hash, key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        entry.meta.drop_dead_replicas();
-        let result = if !entry.meta.is_valid() {
-            Err(ErrorCode::OBJECT_NOT_FOUND)
-        } else {
-            Self::check_removable(&entry.meta, now_ms, force)
-        };
-        if result.is_ok() || result == Err(ErrorCode::OBJECT_NOT_FOUND) {
-            state.remove(hash, key);
-            shard.drop_tenant_if_empty(tenant);
-        }
-        result
+        self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {
+            Self::check_removable(meta, now_ms, force)?;
+            edit.erase();
+            Ok(())
+        })
     }
 
     /// Remove: erases the object and frees its buffers. See the module doc for the checks.
@@ -64,7 +54,7 @@ impl MasterService {
         let tenant = self.resolve_tenant(tenant)?;
         let hash = self.route(tenant, key);
         let mut shard = self.index.shard(hash).write();
-        Self::remove_in_shard(&mut shard, tenant, hash, key, self.clock.now_ms(), force)
+        self.remove_in_shard(&mut shard, tenant, hash, key, self.clock.now_ms(), force)
     }
 
     /// Runs `f` per key with its shard write-locked, each shard locked once, keys grouped by
@@ -110,7 +100,7 @@ impl MasterService {
         let now = self.clock.now_ms();
         let mut out = vec![Err(ErrorCode::OBJECT_NOT_FOUND); keys.len()];
         self.for_each_key_locked(tenant, keys, |i, shard, hash, key| {
-            out[i] = Self::remove_in_shard(shard, tenant, hash, key, now, force);
+            out[i] = self.remove_in_shard(shard, tenant, hash, key, now, force);
         });
         out
     }
@@ -131,16 +121,18 @@ impl MasterService {
                 }
                 state.objects.retain(|entry| {
                     entry.meta.drop_dead_replicas();
-                    if !entry.meta.is_valid() {
-                        return false;
+                    let keep = entry.meta.is_valid()
+                        && match judge(&entry.key, &mut entry.meta) {
+                            Verdict::Keep => true,
+                            Verdict::Erase => {
+                                erased += 1;
+                                false
+                            }
+                        };
+                    if !keep {
+                        self.emit_erase(tenant, &entry.key);
                     }
-                    match judge(&entry.key, &mut entry.meta) {
-                        Verdict::Keep => true,
-                        Verdict::Erase => {
-                            erased += 1;
-                            false
-                        }
-                    }
+                    keep
                 });
             }
             shard.others.retain(|_, s| s.len() > 0);
@@ -208,36 +200,28 @@ impl MasterService {
         let now = self.clock.now_ms();
         let mut cleared = vec![false; keys.len()];
         self.for_each_key_locked(tenant, keys, |i, shard, hash, key| {
-            let Some(state) = shard.tenant_mut(tenant) else {
-                return;
-            };
-            let Some(entry) = state.find_mut(hash, key) else {
-                return;
-            };
-            let meta = &mut entry.meta;
-            meta.drop_dead_replicas();
-            let erase = if !meta.is_valid() {
-                true
-            } else if meta.client_id != client || meta.is_leased(now) || meta.has_task() {
-                false
-            } else if segment_name.is_empty() {
-                cleared[i] = meta.all_complete();
-                cleared[i]
-            } else {
-                let before = meta.replicas.len();
-                meta.retain_replicas(|r| {
-                    !(r.is_complete()
+            let done = self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {
+                if meta.client_id != client || meta.is_leased(now) || meta.has_task() {
+                    return Ok(false);
+                }
+                if segment_name.is_empty() {
+                    if meta.all_complete() {
+                        edit.erase();
+                        return Ok(true);
+                    }
+                    return Ok(false);
+                }
+                let gone = meta.extract_replicas(|r| {
+                    r.is_complete()
                         && r.handle()
                             .and_then(|h| h.allocator())
-                            .is_some_and(|a| &*a.info().name == segment_name))
+                            .is_some_and(|a| &*a.info().name == segment_name)
                 });
-                cleared[i] = meta.replicas.len() != before;
-                !meta.is_valid()
-            };
-            if erase {
-                state.remove(hash, key);
-                shard.drop_tenant_if_empty(tenant);
-            }
+                let any = !gone.is_empty();
+                edit.free(gone);
+                Ok(any)
+            });
+            cleared[i] = done == Ok(true);
         });
         keys.iter()
             .zip(cleared)

@@ -12,9 +12,9 @@ use mooncake_common::{
     SegmentStatus,
 };
 
+use crate::handle::MasterService;
 use crate::index::key_hash;
-use crate::object::{ObjectMetadata, Replica, ReplicaData, ReplicationTask, TaskKind};
-use crate::service::MasterService;
+use crate::object::{ObjectMetadata, Removed, Replica, ReplicaData, ReplicationTask, TaskKind};
 
 impl MasterService {
     /// Checks that every target name is mounted (SEGMENT_NOT_FOUND) and OK
@@ -45,95 +45,91 @@ impl MasterService {
         let account = self.tenant_account(tenant)?;
         let hash = self.route(tenant, key);
         let mut shard = self.index.shard(hash).write();
-        let state = shard
-            .tenant_mut(tenant)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let entry = state
-            .find_mut(hash, key)
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let m = &mut entry.meta;
-        m.drop_dead_replicas();
-        if !m.is_valid() {
-            state.remove(hash, key);
-            return Err(ErrorCode::OBJECT_NOT_FOUND);
-        }
-        if m.has_task() {
-            return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
-        }
-        let src_index = m
-            .replicas
-            .iter()
-            .position(|r| {
-                r.is_complete() && r.is_valid() && r.segment_name().is_some_and(|n| &*n == source)
-            })
-            .ok_or(ErrorCode::REPLICA_NOT_FOUND)?;
-        let held: Vec<std::sync::Arc<str>> = m
-            .replicas
-            .iter()
-            .filter_map(Replica::segment_name)
-            .collect();
-        let mut fresh: Vec<&str> = Vec::new();
-        for t in targets {
-            if !held.iter().any(|h| &**h == *t) && !fresh.contains(t) {
-                fresh.push(t);
+        let now = self.clock.now_ms();
+        self.edit_live_entry(&mut shard, tenant, hash, key, |m, edit| {
+            if m.has_task() {
+                return Err(ErrorCode::OBJECT_HAS_REPLICATION_TASK);
             }
-        }
-        let size = m.size;
-        let want = size.saturating_mul(fresh.len() as u64);
-        if let Some(acc) = &account {
-            acc.try_charge(want)
-                .map_err(|_| ErrorCode::TENANT_QUOTA_EXCEEDED)?;
-        }
-        let mut handles = Vec::with_capacity(fresh.len());
-        {
-            let segs = self.segments.inner.read();
-            for t in &fresh {
-                match segs.allocatable.allocate_from(t, size) {
-                    Ok(h) => handles.push(h),
-                    Err(e) => {
-                        drop(handles);
-                        if let Some(acc) = &account {
-                            acc.refund(want);
+            let src_index = m
+                .replicas
+                .iter()
+                .position(|r| {
+                    r.is_complete()
+                        && r.is_valid()
+                        && r.segment_name().is_some_and(|n| &*n == source)
+                })
+                .ok_or(ErrorCode::REPLICA_NOT_FOUND)?;
+            let held: Vec<std::sync::Arc<str>> = m
+                .replicas
+                .iter()
+                .filter_map(Replica::segment_name)
+                .collect();
+            let mut fresh: Vec<&str> = Vec::new();
+            for t in targets {
+                if !held.iter().any(|h| &**h == *t) && !fresh.contains(t) {
+                    fresh.push(t);
+                }
+            }
+            let size = m.size;
+            let src_desc = m.replicas[src_index]
+                .descriptor(size)
+                .ok_or(ErrorCode::REPLICA_IS_GONE)?;
+            let want = size.saturating_mul(fresh.len() as u64);
+            if let Some(acc) = &account {
+                acc.try_charge(want)
+                    .map_err(|_| ErrorCode::TENANT_QUOTA_EXCEEDED)?;
+            }
+            let mut handles = Vec::with_capacity(fresh.len());
+            {
+                let segs = self.segments.inner.read();
+                for t in &fresh {
+                    match segs.allocatable.allocate_from(t, size, &self.rng) {
+                        Ok(h) => handles.push(h),
+                        Err(e) => {
+                            drop(handles);
+                            if let Some(acc) = &account {
+                                acc.refund(want);
+                            }
+                            return Err(e);
                         }
-                        return Err(e);
                     }
                 }
             }
-        }
-        if let Some(acc) = &account {
-            // The object's account may be absent (written with quotas off): then nothing was
-            // charged for it and the targets must not be either.
-            if m.account().is_none() {
-                acc.refund(want);
+            if let Some(acc) = &account {
+                // The object's account may be absent (written with quotas off): then nothing was
+                // charged for it and the targets must not be either.
+                if m.account().is_none() {
+                    acc.refund(want);
+                }
             }
-        }
-        let mut target_ids = Vec::with_capacity(handles.len());
-        let mut target_descs = Vec::with_capacity(handles.len());
-        for h in handles {
-            let r = Replica {
-                id: self.next_replica_id(),
-                status: ReplicaStatus::PROCESSING,
-                refcnt: 0,
-                data: ReplicaData::Memory(h),
-            };
-            target_ids.push(r.id);
-            if let Some(d) = r.descriptor(size) {
-                target_descs.push(d);
+            let mut target_ids = Vec::with_capacity(handles.len());
+            let mut target_descs = Vec::with_capacity(handles.len());
+            for h in handles {
+                let r = Replica {
+                    id: self.next_replica_id(),
+                    status: ReplicaStatus::PROCESSING,
+                    refcnt: 0,
+                    data: ReplicaData::Memory(h),
+                };
+                target_ids.push(r.id);
+                if let Some(d) = r.descriptor(size) {
+                    target_descs.push(d);
+                }
+                m.replicas.push(r);
             }
-            m.replicas.push(r);
-        }
-        let src = &mut m.replicas[src_index];
-        src.refcnt += 1;
-        let src_desc = src.descriptor(size).ok_or(ErrorCode::REPLICA_IS_GONE)?;
-        let source_id = src.id;
-        m.extra_mut().task = Some(ReplicationTask {
-            client,
-            start_ms: self.clock.now_ms(),
-            kind,
-            source: source_id,
-            targets: target_ids,
-        });
-        Ok((src_desc, target_descs))
+            let src = &mut m.replicas[src_index];
+            src.refcnt += 1;
+            let source_id = src.id;
+            m.extra_mut().task = Some(ReplicationTask {
+                client,
+                start_ms: now,
+                kind,
+                source: source_id,
+                targets: target_ids,
+            });
+            edit.changed();
+            Ok((src_desc, target_descs))
+        })
     }
 
     /// Ends (`commit`) or revokes a task of `kind`: see the module doc.
@@ -148,44 +144,36 @@ impl MasterService {
         let tenant = self.resolve_tenant(tenant)?;
         let hash = self.route(tenant, key);
         let mut shard = self.index.shard(hash).write();
-        let state = shard
-            .tenant_mut(tenant)
-            .ok_or(ErrorCode::OBJECT_NO_REPLICATION_TASK)?;
-        let entry = state
-            .find_mut(hash, key)
-            .ok_or(ErrorCode::OBJECT_NO_REPLICATION_TASK)?;
-        let m = &mut entry.meta;
-        let task = m.task().ok_or(ErrorCode::OBJECT_NO_REPLICATION_TASK)?;
-        if task.client != client {
-            return Err(ErrorCode::ILLEGAL_CLIENT);
-        }
-        if task.kind != kind {
-            return Err(ErrorCode::INVALID_PARAMS);
-        }
-        let gone = {
-            let alive = |id| m.replicas.iter().any(|r| r.id == id && r.is_valid());
-            !alive(task.source) || !task.targets.iter().all(|&t| alive(t))
-        };
-        let result = if gone {
-            Self::drop_task(m, false);
-            Err(ErrorCode::REPLICA_IS_GONE)
-        } else {
-            Self::drop_task(m, commit);
-            Ok(())
-        };
-        m.drop_dead_replicas();
-        if !m.is_valid() {
-            state.remove(hash, key);
-            shard.drop_tenant_if_empty(tenant);
-        }
-        result
+        self.edit_entry(&mut shard, tenant, hash, key, |m, edit| {
+            let task = m.task().ok_or(ErrorCode::OBJECT_NO_REPLICATION_TASK)?;
+            if task.client != client {
+                return Err(ErrorCode::ILLEGAL_CLIENT);
+            }
+            if task.kind != kind {
+                return Err(ErrorCode::INVALID_PARAMS);
+            }
+            let gone = {
+                let alive = |id| m.replicas.iter().any(|r| r.id == id && r.is_valid());
+                !alive(task.source) || !task.targets.iter().all(|&t| alive(t))
+            };
+            edit.changed();
+            edit.free(Self::drop_task(m, commit && !gone));
+            m.drop_dead_replicas();
+            if gone {
+                Err(ErrorCode::REPLICA_IS_GONE)
+            } else {
+                Ok(())
+            }
+        })
+        .unwrap_or(Err(ErrorCode::OBJECT_NO_REPLICATION_TASK))
     }
 
     /// Drops the object's task: with `commit`, targets become COMPLETE (and a move's source
-    /// goes); without, targets are erased. The source is unpinned either way.
-    pub(crate) fn drop_task(m: &mut ObjectMetadata, commit: bool) {
+    /// goes); without, targets are erased. The source is unpinned either way. Returns the
+    /// replicas taken out, to be freed once the change is observed.
+    pub(crate) fn drop_task(m: &mut ObjectMetadata, commit: bool) -> Removed {
         let Some(task) = m.extra.as_mut().and_then(|e| e.task.take()) else {
-            return;
+            return Removed::new();
         };
         m.compact_extra();
         for r in m.replicas.iter_mut() {
@@ -198,10 +186,11 @@ impl MasterService {
         }
         if commit {
             if task.kind == TaskKind::Move {
-                m.retain_replicas(|r| r.id != task.source);
+                return m.extract_replicas(|r| r.id == task.source);
             }
+            Removed::new()
         } else {
-            m.retain_replicas(|r| !task.targets.contains(&r.id));
+            m.extract_replicas(|r| task.targets.contains(&r.id))
         }
     }
 
@@ -263,5 +252,69 @@ impl MasterService {
     /// MoveRevoke: erases the target, keeps the source (CopyEnd's errors).
     pub fn move_revoke(&self, client: ClientId, key: &str, tenant: &str) -> Result<(), ErrorCode> {
         self.replication_finish(client, key, tenant, TaskKind::Move, false)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used)]
+    use std::sync::Arc;
+
+    use mooncake_common::{
+        ManualClock, ObjectMeta, ReplicaType, ReplicateConfig, Segment, SegmentId, TenantId,
+    };
+
+    use super::*;
+    use crate::{MasterServiceConfig, TenantPolicy};
+
+    fn segment(id: u64, name: &str) -> Segment {
+        Segment {
+            id: SegmentId::new(id, id),
+            name: name.into(),
+            base: id << 30,
+            size: 1 << 20,
+            te_endpoint: name.into(),
+            protocol: "tcp".into(),
+            host_id: String::new(),
+        }
+    }
+
+    /// CopyStart on a named tenant's object whose only replica died (its segment's allocator is
+    /// gone, the unmount sweep not run yet) erases the object; the tenant's now empty state in
+    /// that shard must go with it, as on every other write path.
+    #[test]
+    fn copy_start_on_a_dead_object_drops_the_empty_tenant_state() {
+        let m = MasterService::new(
+            MasterServiceConfig {
+                enable_multi_tenants: true,
+                ..Default::default()
+            },
+            Arc::new(ManualClock::new(1_000)),
+        )
+        .unwrap();
+        let mut p = TenantPolicy::default();
+        p.tenants.insert(TenantId::new("t1").unwrap(), 1 << 30);
+        m.apply_tenant_policy(p).unwrap();
+        let c = ClientId::new(1, 1);
+        let a = segment(1, "a");
+        m.mount_segment(&a, c).unwrap();
+        m.put_start(c, "k", 10, &ReplicateConfig::default(), "t1")
+            .unwrap();
+        m.put_end(c, &ObjectMeta::new("k"), ReplicaType::ALL, "t1")
+            .unwrap();
+        assert_eq!(m.tenant_state_count(), 1);
+        // The unmount's first step only: the allocator dies, the shards are not swept.
+        drop(m.segments.inner.write().prepare_unmount(a.id).unwrap());
+        m.mount_segment(&segment(2, "b"), c).unwrap();
+        assert_eq!(
+            m.copy_start(c, "k", "t1", "a", &["b".to_string()]),
+            Err(ErrorCode::OBJECT_NOT_FOUND)
+        );
+        assert_eq!(m.object_count(), 0);
+        assert_eq!(
+            m.tenant_state_count(),
+            0,
+            "an empty tenant state was left behind"
+        );
     }
 }

@@ -2,8 +2,8 @@
 //! set of allocators placement may use (spec/master.md §4).
 //!
 //! One `RwLock` guards it all. It is never held while metadata shards are walked: unmount is
-//! prepare (under the lock) → sweep the shards (without it) → commit (under it), driven by
-//! [`crate::MasterService`].
+//! prepare (under the lock) → sweep the shards (without it) → commit (under it), driven by the
+//! segment RPCs (`segment_rpc.rs`). Plain data: nothing here observes or sweeps objects.
 
 use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
@@ -11,7 +11,7 @@ use std::sync::Arc;
 use mooncake_common::{ClientId, ErrorCode, Segment, SegmentId, SegmentStatus};
 use parking_lot::RwLock;
 
-use crate::allocator::{SegmentAllocator, SegmentInfo};
+use crate::allocator::{BufferHandle, SegmentAllocator, SegmentInfo};
 use crate::strategy::AllocatorSet;
 
 /// One mounted segment.
@@ -33,7 +33,7 @@ pub(crate) struct GracefulUnmount {
     pub client: ClientId,
 }
 
-/// What [`crate::MasterService::segment_usage`] reports about one segment.
+/// What `segment_usage` reports about one segment.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct SegmentUsage {
     pub id: SegmentId,
@@ -129,8 +129,13 @@ impl Segments {
         }
     }
 
-    /// Upstream's ReMount (see [`crate::MasterService::remount_segments`]).
-    pub fn remount(&mut self, segments: &[Segment], client: ClientId) -> Result<(), ErrorCode> {
+    /// Upstream's ReMount (see `remount_segments`). Returns the ids it mounted afresh (on error
+    /// those are rolled back and nothing is mounted).
+    pub fn remount(
+        &mut self,
+        segments: &[Segment],
+        client: ClientId,
+    ) -> Result<Vec<SegmentId>, ErrorCode> {
         for segment in segments {
             if !segment.host_id.is_empty() {
                 self.client_host.insert(client, segment.host_id.clone());
@@ -144,7 +149,7 @@ impl Segments {
             }
         }
         if self.ok_clients.contains(&client) {
-            return Ok(());
+            return Ok(Vec::new());
         }
         let mut fresh = Vec::new();
         for segment in segments {
@@ -161,7 +166,7 @@ impl Segments {
             }
         }
         self.ok_clients.insert(client);
-        Ok(())
+        Ok(fresh)
     }
 
     /// First step of an unmount. `Ok(None)` for an unknown segment (idempotent); otherwise the
@@ -207,13 +212,14 @@ impl Segments {
         self.total_capacity_bytes -= seg.segment.size;
     }
 
-    /// Upstream's GracefulUnmountSegment checks and state change.
+    /// Upstream's GracefulUnmountSegment checks and state change. `Ok(false)` when the segment
+    /// was already gracefully unmounting (nothing changes).
     pub fn start_graceful_unmount(
         &mut self,
         id: SegmentId,
         client: ClientId,
         deadline_ms: u64,
-    ) -> Result<(), ErrorCode> {
+    ) -> Result<bool, ErrorCode> {
         let owned = self
             .client_segments
             .get(&client)
@@ -226,7 +232,7 @@ impl Segments {
             .get_mut(&id)
             .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
         match seg.status {
-            SegmentStatus::GRACEFULLY_UNMOUNTING => return Ok(()),
+            SegmentStatus::GRACEFULLY_UNMOUNTING => return Ok(false),
             SegmentStatus::OK | SegmentStatus::DRAINING => {}
             _ => return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS),
         }
@@ -241,12 +247,13 @@ impl Segments {
             segment_id: id,
             client,
         });
-        Ok(())
+        Ok(true)
     }
 
     /// Drain-job status changes: OK ⇄ DRAINING, DRAINING → DRAINED. Leaving OK removes the
-    /// segment from placement; returning to OK adds it back.
-    pub fn set_status(&mut self, id: SegmentId, status: SegmentStatus) -> Result<(), ErrorCode> {
+    /// segment from placement; returning to OK adds it back. `Ok(false)` when the status was
+    /// already `status` (nothing changes).
+    pub fn set_status(&mut self, id: SegmentId, status: SegmentStatus) -> Result<bool, ErrorCode> {
         let seg = self
             .mounted
             .get_mut(&id)
@@ -259,7 +266,7 @@ impl Segments {
                 | (SegmentStatus::DRAINED, SegmentStatus::OK)
         );
         if seg.status == status {
-            return Ok(());
+            return Ok(false);
         }
         if !allowed {
             return Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS);
@@ -272,7 +279,23 @@ impl Segments {
             }
         }
         seg.status = status;
-        Ok(())
+        Ok(true)
+    }
+
+    /// The segment a buffer lives in, if that segment is mounted with this very allocator alive
+    /// (not unmounting). Read under this lock, it orders a buffer against its segment's unmount.
+    pub fn live_segment_of(&self, h: &BufferHandle) -> Option<SegmentId> {
+        let id = h.allocator()?.info().segment_id;
+        let seg = self.mounted.get(&id)?;
+        seg.allocator
+            .as_ref()
+            .is_some_and(|a| h.belongs_to(a))
+            .then_some(id)
+    }
+
+    /// The allocator of a mounted segment that is not unmounting.
+    pub fn allocator_of(&self, id: SegmentId) -> Option<&Arc<SegmentAllocator>> {
+        self.mounted.get(&id).and_then(|s| s.allocator.as_ref())
     }
 
     pub fn usage(seg: &MountedSegment) -> SegmentUsage {

@@ -4,7 +4,7 @@
 //! only OK segments are candidates (the [`AllocatorSet`] holds nothing else); explicit preferred
 //! names come first, in order; placement is best effort (the caller decides whether fewer than
 //! `replica_num` replicas is enough). Within a name with several segments, segments are tried from
-//! a random start.
+//! a random start. Every random choice draws from the caller's [`MasterRng`].
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::Arc;
@@ -13,6 +13,7 @@ use mooncake_common::ErrorCode;
 use serde::{Deserialize, Serialize};
 
 use crate::allocator::{BufferHandle, SegmentAllocator};
+use crate::rng::MasterRng;
 
 /// Most names the random walk tries (upstream: `min(100, |names|)`).
 pub const MAX_RANDOM_WALK_TRIES: usize = 100;
@@ -120,11 +121,16 @@ impl AllocatorSet {
 
     /// Upstream's `AllocateFrom(name)` (Copy and Move targets): a name with no OK segment is
     /// SEGMENT_NOT_FOUND, a full one NO_AVAILABLE_HANDLE.
-    pub fn allocate_from(&self, name: &str, size: u64) -> Result<BufferHandle, ErrorCode> {
+    pub fn allocate_from(
+        &self,
+        name: &str,
+        size: u64,
+        rng: &MasterRng,
+    ) -> Result<BufferHandle, ErrorCode> {
         if self.allocators(name).is_empty() {
             return Err(ErrorCode::SEGMENT_NOT_FOUND);
         }
-        self.allocate_from_name(name, size)
+        self.allocate_from_name(name, size, rng)
             .ok_or(ErrorCode::NO_AVAILABLE_HANDLE)
     }
 
@@ -143,12 +149,17 @@ impl AllocatorSet {
     }
 
     /// Tries the segments of `name` from a random start; the first that fits wins.
-    fn allocate_from_name(&self, name: &str, size: u64) -> Option<BufferHandle> {
+    fn allocate_from_name(&self, name: &str, size: u64, rng: &MasterRng) -> Option<BufferHandle> {
         let list = self.allocators(name);
         if list.is_empty() {
             return None;
         }
-        let start = fastrand::usize(..list.len());
+        // One segment under the name (the common case): no draw needed.
+        let start = if list.len() == 1 {
+            0
+        } else {
+            rng.below(list.len())
+        };
         (0..list.len()).find_map(|i| list[(start + i) % list.len()].allocate(size))
     }
 
@@ -196,13 +207,14 @@ pub fn place(
     set: &AllocatorSet,
     strategy: AllocationStrategy,
     req: &PlacementRequest<'_>,
+    rng: &MasterRng,
 ) -> Vec<BufferHandle> {
     let mut out: Vec<BufferHandle> = Vec::with_capacity(req.replica_num.min(8));
     if req.replica_num == 0 || req.size == 0 || set.names.is_empty() {
         return out;
     }
     if set.names.len() == 1 {
-        out.extend(set.allocate_from_name(&set.names[0], req.size));
+        out.extend(set.allocate_from_name(&set.names[0], req.size, rng));
         return out;
     }
     let mut used: Vec<Arc<str>> = Vec::with_capacity(req.replica_num.min(8));
@@ -210,7 +222,7 @@ pub fn place(
         if out.len() >= req.replica_num || used.iter().any(|u| u == name) {
             return;
         }
-        if let Some(handle) = set.allocate_from_name(name, req.size) {
+        if let Some(handle) = set.allocate_from_name(name, req.size, rng) {
             out.push(handle);
             used.push(name.clone());
         }
@@ -239,7 +251,7 @@ pub fn place(
         let remaining = req.replica_num - out.len();
         let n = set.names.len();
         let sample = remaining.saturating_mul(6).min(n);
-        let start = fastrand::usize(..n);
+        let start = rng.below(n);
         let mut scored: Vec<(f64, &Arc<str>)> = (0..sample)
             .map(|i| {
                 let name = &set.names[(start + i) % n];
@@ -256,7 +268,7 @@ pub fn place(
     }
     if out.len() < req.replica_num {
         let n = set.names.len();
-        let start = fastrand::usize(..n);
+        let start = rng.below(n);
         for i in 0..n.min(MAX_RANDOM_WALK_TRIES) {
             if out.len() >= req.replica_num {
                 break;
@@ -285,6 +297,10 @@ mod tests {
         })
     }
 
+    fn rng() -> MasterRng {
+        MasterRng::with_seed(11)
+    }
+
     fn name_of(h: &BufferHandle) -> String {
         h.allocator().unwrap().info().name.to_string()
     }
@@ -301,6 +317,7 @@ mod tests {
 
     #[test]
     fn replicas_land_on_distinct_names_best_effort() {
+        let rng = rng();
         let mut set = AllocatorSet::default();
         let host: Arc<str> = Arc::from("");
         // Two segments share name "a": still only one replica may go to "a".
@@ -313,7 +330,7 @@ mod tests {
             AllocationStrategy::LocalFirst,
         ] {
             for _ in 0..50 {
-                let got = place(&set, strategy, &req(10, 5, &[]));
+                let got = place(&set, strategy, &req(10, 5, &[]), &rng);
                 let mut names: Vec<_> = got.iter().map(name_of).collect();
                 assert_eq!(names.len(), 3, "{strategy:?}: only 3 distinct names exist");
                 names.sort();
@@ -325,6 +342,7 @@ mod tests {
 
     #[test]
     fn preferred_names_come_first_in_order() {
+        let rng = rng();
         let mut set = AllocatorSet::default();
         let host: Arc<str> = Arc::from("");
         for (i, n) in [(1, "a"), (2, "b"), (3, "c"), (4, "d")] {
@@ -332,17 +350,18 @@ mod tests {
         }
         let prefs = vec!["c".to_string(), "zzz".to_string(), "a".to_string()];
         for _ in 0..20 {
-            let got = place(&set, AllocationStrategy::Random, &req(10, 2, &prefs));
+            let got = place(&set, AllocationStrategy::Random, &req(10, 2, &prefs), &rng);
             assert_eq!(got.iter().map(name_of).collect::<Vec<_>>(), ["c", "a"]);
         }
         // A full preferred segment is skipped.
         let _fill = set.allocators("c")[0].allocate(995).unwrap();
-        let got = place(&set, AllocationStrategy::Random, &req(10, 1, &prefs));
+        let got = place(&set, AllocationStrategy::Random, &req(10, 1, &prefs), &rng);
         assert_eq!(name_of(&got[0]), "a");
     }
 
     #[test]
     fn free_ratio_first_picks_the_freest() {
+        let rng = rng();
         let mut set = AllocatorSet::default();
         let host: Arc<str> = Arc::from("");
         for (i, n) in [(1, "a"), (2, "b"), (3, "c")] {
@@ -351,13 +370,19 @@ mod tests {
         let _a = set.allocators("a")[0].allocate(900).unwrap();
         let _b = set.allocators("b")[0].allocate(500).unwrap();
         for _ in 0..20 {
-            let got = place(&set, AllocationStrategy::FreeRatioFirst, &req(10, 1, &[]));
+            let got = place(
+                &set,
+                AllocationStrategy::FreeRatioFirst,
+                &req(10, 1, &[]),
+                &rng,
+            );
             assert_eq!(name_of(&got[0]), "c");
         }
     }
 
     #[test]
     fn local_first_prefers_the_writers_host_then_the_next_host() {
+        let rng = rng();
         let mut set = AllocatorSet::default();
         set.insert(alloc(1, "h1-a", 1000), &Arc::from("host1"));
         set.insert(alloc(2, "h2-a", 1000), &Arc::from("host2"));
@@ -367,7 +392,7 @@ mod tests {
             ..req(10, 1, &[])
         };
         for _ in 0..20 {
-            let got = place(&set, AllocationStrategy::LocalFirst, &r);
+            let got = place(&set, AllocationStrategy::LocalFirst, &r, &rng);
             assert_eq!(name_of(&got[0]), "h2-a");
         }
         // Unknown host "host2x": the next greater host is host3.
@@ -376,7 +401,7 @@ mod tests {
             ..req(10, 1, &[])
         };
         assert_eq!(
-            name_of(&place(&set, AllocationStrategy::LocalFirst, &r)[0]),
+            name_of(&place(&set, AllocationStrategy::LocalFirst, &r, &rng)[0]),
             "h3-a"
         );
         // Past the last host it wraps around to the first.
@@ -385,40 +410,42 @@ mod tests {
             ..req(10, 1, &[])
         };
         assert_eq!(
-            name_of(&place(&set, AllocationStrategy::LocalFirst, &r)[0]),
+            name_of(&place(&set, AllocationStrategy::LocalFirst, &r, &rng)[0]),
             "h1-a"
         );
     }
 
     #[test]
     fn a_sole_name_is_tried_even_if_not_preferred_and_removal_drops_names() {
+        let rng = rng();
         let mut set = AllocatorSet::default();
         let host: Arc<str> = Arc::from("h");
         let a = alloc(1, "only", 100);
         set.insert(a.clone(), &host);
         let prefs = vec!["other".to_string()];
         assert_eq!(
-            place(&set, AllocationStrategy::Random, &req(10, 3, &prefs)).len(),
+            place(&set, AllocationStrategy::Random, &req(10, 3, &prefs), &rng).len(),
             1
         );
         set.remove(&a, "h");
         assert_eq!(set.name_count(), 0);
-        assert!(place(&set, AllocationStrategy::Random, &req(10, 1, &[])).is_empty());
+        assert!(place(&set, AllocationStrategy::Random, &req(10, 1, &[]), &rng).is_empty());
         assert!(set.hosts.is_empty());
     }
 
     #[test]
     fn allocate_from_names_its_errors() {
+        let rng = rng();
         let mut set = AllocatorSet::default();
         set.insert(alloc(1, "a", 100), &Arc::from(""));
         assert_eq!(
-            set.allocate_from("nope", 1).unwrap_err(),
+            set.allocate_from("nope", 1, &rng).unwrap_err(),
             ErrorCode::SEGMENT_NOT_FOUND
         );
-        let h = set.allocate_from("a", 100).unwrap();
+        let h = set.allocate_from("a", 100, &rng).unwrap();
         assert_eq!(h.len(), 100);
         assert_eq!(
-            set.allocate_from("a", 1).unwrap_err(),
+            set.allocate_from("a", 1, &rng).unwrap_err(),
             ErrorCode::NO_AVAILABLE_HANDLE
         );
     }

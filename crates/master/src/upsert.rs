@@ -13,8 +13,8 @@ use mooncake_common::{
     ClientId, ErrorCode, ObjectMeta, ReplicaDescriptor, ReplicaType, ReplicateConfig,
 };
 
+use crate::handle::MasterService;
 use crate::put::{PutArgs, StartMode};
-use crate::service::MasterService;
 
 impl MasterService {
     /// UpsertStart: see the module doc. Same arguments and errors as PutStart, plus

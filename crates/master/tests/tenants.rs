@@ -148,20 +148,16 @@ fn quota_exceeded_runs_tenant_scoped_eviction_then_succeeds() {
 
 #[test]
 fn orphan_tenants_are_closed_for_writes_but_readable_and_admin_api_works() {
-    let dir = std::env::temp_dir().join(format!("mc-quota-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("policy.yaml");
-    std::fs::write(
-        &path,
-        "version: 1\ntenants:\n  - name: t1\n    quota: 1KB\n  - name: t2\n    quota: 2048\n",
-    )
-    .unwrap();
     let (_, m) = master_with(MasterServiceConfig {
         enable_multi_tenants: true,
         ..Default::default()
     });
     m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
-    m.load_tenant_policy_file(&path).unwrap();
+    let policy = TenantPolicy::parse_yaml(
+        "version: 1\ntenants:\n  - name: t1\n    quota: 1KB\n  - name: t2\n    quota: 2048\n",
+    )
+    .unwrap();
+    m.apply_tenant_policy(policy).unwrap();
     let s = m.list_tenant_quotas(Some("t1")).unwrap();
     assert_eq!(s[0].requested_quota_bytes, 1024);
     assert_eq!(s[0].effective_quota_bytes, 1024);
@@ -175,15 +171,19 @@ fn orphan_tenants_are_closed_for_writes_but_readable_and_admin_api_works() {
         m.delete_tenant_quota("zz"),
         Err(ErrorCode::OBJECT_NOT_FOUND)
     );
+    // A proposal changes nothing until it is applied (the server persists it in between).
+    let without_t2 = m.propose_tenant_quota_removal("t2").unwrap();
+    assert!(!without_t2.tenants.contains_key("t2") && without_t2.tenants.contains_key("t1"));
+    assert!(m.tenant_policy().tenants.contains_key("t2"));
+    tput(&m, "still-open", 1, 1, "t2").unwrap();
+    m.remove("still-open", true, "t2").unwrap();
     m.delete_tenant_quota("t2").unwrap();
+    assert_eq!(m.tenant_policy(), without_t2);
     assert_eq!(
         m.put_start(C1, "x", 1, &cfg(1), "t2"),
         Err(ErrorCode::TENANT_NOT_REGISTERED),
         "admission closed"
     );
-    // Persisted first: the file no longer lists t2.
-    let p = TenantPolicy::load(&path).unwrap();
-    assert!(!p.tenants.contains_key("t2") && p.tenants.contains_key("t1"));
     // t1 becomes an orphan when the policy drops it: reads and removes still work.
     let mut only_t3 = TenantPolicy::default();
     only_t3.tenants.insert(TenantId::new("t3").unwrap(), 100);
@@ -203,19 +203,20 @@ fn orphan_tenants_are_closed_for_writes_but_readable_and_admin_api_works() {
         Err(ErrorCode::INVALID_PARAMS)
     );
     assert_eq!(
+        m.propose_tenant_quota("t1", u64::MAX),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
+    let proposed = m.propose_tenant_quota("t1", 10).unwrap();
+    assert_eq!(proposed.tenants[&TenantId::new("t1").unwrap()], 10);
+    assert!(
+        m.list_tenant_quotas(Some("t1")).unwrap()[0].admission_closed,
+        "a proposal is not applied"
+    );
+    assert_eq!(
         m.set_tenant_quota("t1", 10).unwrap().effective_quota_bytes,
         10
     );
-    // A policy file that cannot be written → PERSISTENT_FAIL, nothing applied.
-    std::fs::remove_dir_all(&dir).unwrap();
-    assert_eq!(
-        m.set_tenant_quota("t1", 20),
-        Err(ErrorCode::PERSISTENT_FAIL)
-    );
-    assert_eq!(
-        m.list_tenant_quotas(Some("t1")).unwrap()[0].requested_quota_bytes,
-        10
-    );
+    assert_eq!(m.tenant_policy(), proposed);
 }
 
 #[test]
@@ -231,6 +232,18 @@ fn quota_admin_is_unavailable_with_multi_tenancy_off() {
     );
     assert_eq!(
         m.delete_tenant_quota("t"),
+        Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
+    );
+    assert_eq!(
+        m.propose_tenant_quota("t", 1),
+        Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
+    );
+    assert_eq!(
+        m.propose_tenant_quota_removal("t"),
+        Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
+    );
+    assert_eq!(
+        m.apply_tenant_policy(TenantPolicy::default()),
         Err(ErrorCode::UNAVAILABLE_IN_CURRENT_MODE)
     );
 }
@@ -255,7 +268,7 @@ fn quota_is_conserved_under_puts_removes_evictions_and_client_deaths() {
     for i in 0..3 {
         mount(i);
     }
-    let mut rng = fastrand::Rng::with_seed(7);
+    let mut rng = fastrand::Rng::with_seed(test_seed());
     let tenants = ["t1", "t2", "t3"];
     for step in 0..3000 {
         clock.advance(rng.u64(1..50));

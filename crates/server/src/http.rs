@@ -31,6 +31,8 @@ pub struct AdminState {
     pub rpc_stats: Option<Arc<mooncake_rpc::ServerStats>>,
     pub workers: Arc<crate::metrics::WorkerMetrics>,
     pub cluster_id: String,
+    /// Where quota admin changes are persisted (the tenant policy file, if configured).
+    pub tenant_policy: Arc<crate::tenant_policy::TenantPolicyStore>,
 }
 
 /// Upstream's status mapping for error bodies.
@@ -463,7 +465,17 @@ async fn tenant_quotas_put(
             Some("tenant_id and quota_bytes are required"),
         );
     };
-    match state.master.set_tenant_quota(&tenant, quota) {
+    // Persisting may block on the disk: off the async workers, outside every master lock.
+    let AdminState {
+        master,
+        tenant_policy,
+        ..
+    } = state;
+    let result =
+        tokio::task::spawn_blocking(move || tenant_policy.set_quota(&master, &tenant, quota))
+            .await
+            .unwrap_or(Err(ErrorCode::INTERNAL_ERROR));
+    match result {
         Ok(snapshot) => {
             axum::Json(json!({"success": true, "tenant": snapshot_json(&snapshot)})).into_response()
         }
@@ -475,10 +487,18 @@ async fn tenant_quotas_delete(
     State(state): State<AdminState>,
     Query(q): Query<HashMap<String, String>>,
 ) -> Response {
-    let Some(tenant) = q.get("tenant_id").filter(|t| !t.is_empty()) else {
+    let Some(tenant) = q.get("tenant_id").filter(|t| !t.is_empty()).cloned() else {
         return error_response(ErrorCode::INVALID_PARAMS, Some("tenant_id is required"));
     };
-    match state.master.delete_tenant_quota(tenant) {
+    let AdminState {
+        master,
+        tenant_policy,
+        ..
+    } = state;
+    let result = tokio::task::spawn_blocking(move || tenant_policy.delete_quota(&master, &tenant))
+        .await
+        .unwrap_or(Err(ErrorCode::INTERNAL_ERROR));
+    match result {
         Ok(()) => axum::Json(json!({"success": true})).into_response(),
         Err(code) => error_response(code, None),
     }

@@ -10,6 +10,7 @@ pub mod http;
 pub mod metrics;
 pub mod process;
 pub mod rpc_dispatch;
+pub mod tenant_policy;
 
 pub use config::{ConfigError, MasterConfig, ResolvedConfig};
 pub use process::{run_until_signal, RunningMaster, StartError};

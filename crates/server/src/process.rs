@@ -91,15 +91,23 @@ impl RunningMaster {
             core_config(config, resolved),
             Arc::new(SystemClock::new()),
         )?);
+        let mut policy_path = None;
         if config.enable_multi_tenants && !config.tenant_quota_connector_uri.is_empty() {
-            let path = std::path::Path::new(&config.tenant_quota_connector_uri);
-            master
-                .load_tenant_policy_file(path)
-                .map_err(|error| StartError::TenantPolicy {
-                    path: path.to_path_buf(),
+            let path = std::path::PathBuf::from(&config.tenant_quota_connector_uri);
+            let policy =
+                crate::tenant_policy::load(&path).map_err(|error| StartError::TenantPolicy {
+                    path: path.clone(),
                     message: error.to_string(),
                 })?;
+            master
+                .apply_tenant_policy(policy)
+                .map_err(|code| StartError::TenantPolicy {
+                    path: path.clone(),
+                    message: code.to_string(),
+                })?;
+            policy_path = Some(path);
         }
+        let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
         let metrics = Arc::new(RpcMetrics::default());
         let rpc_config = ServerConfig {
             max_connections: config.rpc_max_connections,
@@ -133,6 +141,7 @@ impl RunningMaster {
             rpc_stats: Some(rpc.stats().clone()),
             workers: workers.clone(),
             cluster_id: config.cluster_id.clone(),
+            tenant_policy,
         });
         let metrics_addr = serve_http(
             &mut tasks,

@@ -2,7 +2,7 @@
 //! one-call puts.
 #![allow(dead_code, clippy::unwrap_used)]
 
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 
 use mooncake_common::{
     ClientId, ManualClock, ObjectMeta, ReplicaDescriptor, ReplicaType, ReplicateConfig, Segment,
@@ -17,7 +17,7 @@ pub const C2: ClientId = ClientId::new(2, 2);
 
 pub fn master_with(config: MasterServiceConfig) -> (Arc<ManualClock>, MasterService) {
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let master = MasterService::new(config, clock.clone()).unwrap();
+    let master = MasterService::with_seed(config, clock.clone(), test_seed()).unwrap();
     (clock, master)
 }
 
@@ -91,4 +91,28 @@ pub fn used(m: &MasterService, id: u64) -> Option<u64> {
         .into_iter()
         .find(|u| u.id == SegmentId::new(id, 0))
         .and_then(|u| u.used_bytes)
+}
+
+/// The seed of this test process: `MC_TEST_SEED` when set (decimal), else a fresh random one,
+/// drawn once. Every master the helpers build is seeded with it (its placements, batch orders and
+/// task ids), and so are the randomized workloads. The first call installs a panic hook that
+/// prints the seed, so a failing run replays with
+/// `MC_TEST_SEED=<seed> cargo nextest run -p mooncake-master <test>`.
+pub fn test_seed() -> u64 {
+    static SEED: OnceLock<u64> = OnceLock::new();
+    *SEED.get_or_init(|| {
+        let seed = match std::env::var("MC_TEST_SEED") {
+            Ok(text) => text
+                .trim()
+                .parse()
+                .unwrap_or_else(|_| panic!("MC_TEST_SEED={text:?} is not a u64")),
+            Err(_) => fastrand::u64(..),
+        };
+        let previous = std::panic::take_hook();
+        std::panic::set_hook(Box::new(move |info| {
+            previous(info);
+            eprintln!("this run's seed: replay with MC_TEST_SEED={seed}");
+        }));
+        seed
+    })
 }
