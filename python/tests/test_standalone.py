@@ -15,7 +15,7 @@ import time
 import pytest
 
 from conftest import HERE
-from mooncake_rs.store import MooncakeDistributedStore, MooncakeHostMemAllocator
+from mooncake_rs.store import MooncakeDistributedStore, MooncakeHostMemAllocator, ReplicateConfig
 
 INVALID_PARAMS = -600
 
@@ -83,7 +83,9 @@ def test_dummy_puts_and_gets_zero_copy_through_the_real_clients_memory(real, key
         assert s.register_buffer(src, n) == 0  # inside the pool: accepted as is
         payload = bytes((i * 7) % 251 for i in range(n))
         ctypes.memmove(src, payload, n)
-        assert s.put_from(key, src, n) == 0
+        here = ReplicateConfig()
+        here.preferred_segment = s.get_hostname()  # the real client's memory, as SGLang does
+        assert s.put_from(key, src, n, here) == 0
         assert s.get_into(key, dst, n) == n
         assert ctypes.string_at(dst, n) == payload
         assert s.unregister_buffer(src) == 0
@@ -133,7 +135,11 @@ def test_two_dummies_share_objects_and_a_closed_real_client_frees_them(master, k
     try:
         assert a.setup_dummy(0, 16 << 20, real.attach) == 0
         assert b.setup_dummy(0, 16 << 20, real.attach) == 0
-        assert a.put(key, b"shared") == 0
+        # On this host's memory (the master may hold other clients' segments too).
+        here = ReplicateConfig()
+        here.preferred_segment = a.get_hostname()
+        assert here.preferred_segment == real.segment
+        assert a.put(key, b"shared", here) == 0
         assert b.get(key) == b"shared"
         assert a.setup_dummy(0, 16 << 20, real.attach) == -1010  # already set up
         assert real.stop() == 0  # SIGTERM: unmounts and exits 0
