@@ -7,12 +7,13 @@
 //! the stable ABI since 3.11 and unchanged in every CPython 3.x before it, so one abi3 wheel works
 //! on 3.9 and up.
 
+use mooncake_client::{Access, StoreClient};
 use pyo3::exceptions::PyTypeError;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use std::os::raw::{c_char, c_int, c_void};
 
-use crate::codes::INVALID;
+use crate::codes::{code_of, INVALID};
 
 /// CPython's `Py_buffer`.
 #[repr(C)]
@@ -194,4 +195,87 @@ pub(crate) unsafe fn raw_slice_mut<'a>(ptr: usize, size: usize) -> Result<&'a mu
     }
     // SAFETY: forwarded to the caller's contract; non-null and in range checked above.
     Ok(unsafe { std::slice::from_raw_parts_mut(ptr as *mut u8, size) })
+}
+
+/// Checks caller memory given by address before anything touches it: null pointers, sizes
+/// past `isize::MAX`, ranges that wrap, ranges that start in a registered buffer and run past
+/// it, and ranges that are not mapped with `access` in this process (one read of
+/// `/proc/self/maps` for the whole call) are INVALID_PARAMS. One result per `(ptr, size)`.
+pub(crate) fn check_ranges(
+    client: &StoreClient,
+    ranges: &[(usize, usize)],
+    access: Access,
+) -> Vec<Result<(), i32>> {
+    let mut out = vec![Ok(()); ranges.len()];
+    let mut asked = Vec::with_capacity(ranges.len());
+    let mut slots = Vec::with_capacity(ranges.len());
+    for (i, &(ptr, size)) in ranges.iter().enumerate() {
+        if size == 0 {
+            continue;
+        }
+        if ptr == 0 || size > isize::MAX as usize || ptr.checked_add(size).is_none() {
+            out[i] = Err(INVALID);
+            continue;
+        }
+        asked.push((ptr, size, access));
+        slots.push(i);
+    }
+    if !asked.is_empty() {
+        for (slot, checked) in slots.into_iter().zip(client.check_caller_ranges(&asked)) {
+            if let Err(error) = checked {
+                out[slot] = Err(code_of(&error));
+            }
+        }
+    }
+    out
+}
+
+/// [`raw_slice`] of memory [`check_ranges`] accepted for reading.
+///
+/// # Safety
+/// As [`raw_slice`]: the caller promises the range stays readable during the call (the check
+/// proves it is mapped now).
+pub(crate) unsafe fn checked_slice<'a>(
+    client: &StoreClient,
+    ptr: usize,
+    size: usize,
+) -> Result<&'a [u8], i32> {
+    check_ranges(client, &[(ptr, size)], Access::Read)
+        .pop()
+        .unwrap_or(Err(INVALID))?;
+    // SAFETY: forwarded to the caller's contract; the range was checked to be mapped.
+    unsafe { raw_slice(ptr, size) }
+}
+
+/// [`raw_slice_mut`] of memory [`check_ranges`] accepted for writing.
+///
+/// # Safety
+/// As [`raw_slice_mut`].
+pub(crate) unsafe fn checked_slice_mut<'a>(
+    client: &StoreClient,
+    ptr: usize,
+    size: usize,
+) -> Result<&'a mut [u8], i32> {
+    check_ranges(client, &[(ptr, size)], Access::Write)
+        .pop()
+        .unwrap_or(Err(INVALID))?;
+    // SAFETY: forwarded to the caller's contract; the range was checked to be mapped.
+    unsafe { raw_slice_mut(ptr, size) }
+}
+
+/// The verdict on one key's `n` buffers from the per-range results of [`check_ranges`]:
+/// consumes exactly `n` of them (so the next key's start where they should) and returns the
+/// first error.
+pub(crate) fn key_verdict(
+    checked: &mut impl Iterator<Item = Result<(), i32>>,
+    n: usize,
+) -> Result<(), i32> {
+    let mut verdict = Ok(());
+    for _ in 0..n {
+        let one = checked.next().unwrap_or(Err(INVALID));
+        if verdict.is_ok() {
+            verdict = one;
+        }
+    }
+    verdict
 }

@@ -303,6 +303,12 @@ impl ReplicaDescriptor {
         matches!(self.inner.kind, ReplicaKind::Disk(_))
     }
 
+    /// True for a replica on a client's local disk (the SSD offload tier), read from the
+    /// descriptor the master sent.
+    fn is_local_disk_replica(&self) -> bool {
+        matches!(self.inner.kind, ReplicaKind::LocalDisk(_))
+    }
+
     fn get_memory_descriptor(&self) -> PyResult<MemoryDescriptor> {
         match &self.inner.kind {
             ReplicaKind::Memory(m) | ReplicaKind::NoF(m) => Ok(MemoryDescriptor {

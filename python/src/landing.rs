@@ -8,14 +8,14 @@
 
 use std::collections::HashMap;
 
-use mooncake_client::StoreError;
+use mooncake_client::{Access, RangeRead};
 use mooncake_common::ErrorCode;
 use pyo3::ffi;
 use pyo3::prelude::*;
 use pyo3::types::PyBytes;
 
-use crate::buffer::raw_slice_mut;
-use crate::codes::{code_of, to_i64, INVALID};
+use crate::buffer::{check_ranges, key_verdict, raw_slice_mut};
+use crate::codes::{to_i64, INVALID};
 use crate::store::Connected;
 
 /// A new, uninitialized Python `bytes` object of `len` bytes and its contents, or `None` when
@@ -208,9 +208,16 @@ pub(crate) fn read_into_buffers(
     let mut refs = Vec::with_capacity(keys.len());
     let mut buffers = Vec::with_capacity(keys.len());
     let mut slots = Vec::with_capacity(keys.len());
+    let ranges: Vec<(usize, usize)> = buffer_ptrs
+        .iter()
+        .copied()
+        .zip(sizes.iter().copied())
+        .collect();
+    let checked = check_ranges(&conn.client, &ranges, Access::Write);
     for (i, key) in keys.iter().enumerate() {
-        // SAFETY: upstream's contract: the caller's ranges are writable during the call.
-        match unsafe { raw_slice_mut(buffer_ptrs[i], sizes[i]) } {
+        // SAFETY: upstream's contract: the caller's ranges are writable during the call;
+        // `checked` says each is mapped (or inside a registered buffer).
+        match checked[i].and_then(|()| unsafe { raw_slice_mut(ranges[i].0, ranges[i].1) }) {
             Ok(buffer) => {
                 refs.push(key.as_str());
                 buffers.push(buffer);
@@ -241,8 +248,23 @@ pub(crate) fn read_into_multi_buffers(
     let mut refs = Vec::with_capacity(keys.len());
     let mut destinations = Vec::with_capacity(keys.len());
     let mut slots = Vec::with_capacity(keys.len());
+    // Every buffer is checked first (one read of the process's mappings for the whole call).
+    let flat: Vec<(usize, usize)> = all_buffer_ptrs
+        .iter()
+        .zip(all_sizes)
+        .filter(|(p, s)| p.len() == s.len())
+        .flat_map(|(p, s)| p.iter().copied().zip(s.iter().copied()))
+        .collect();
+    let mut checked = check_ranges(&conn.client, &flat, Access::Write).into_iter();
     for (i, key) in keys.iter().enumerate() {
-        // SAFETY: upstream's contract: every buffer is writable during the call.
+        if all_buffer_ptrs[i].len() == all_sizes[i].len() {
+            if let Err(code) = key_verdict(&mut checked, all_buffer_ptrs[i].len()) {
+                out[i] = code as i64;
+                continue;
+            }
+        }
+        // SAFETY: upstream's contract: every buffer is writable during the call (each was
+        // checked mapped above).
         match unsafe { multi_destination(&all_buffer_ptrs[i], &all_sizes[i]) } {
             Ok(destination) => {
                 refs.push(key.as_str());
@@ -310,9 +332,13 @@ pub(crate) fn read_into_multi_buffers(
     out
 }
 
-/// `get_into_ranges` once its arguments' shapes are checked (GIL released): reads every distinct
-/// key whole once, then copies each range out of it into its buffer. Results have the shape of
-/// `all_sizes`: bytes copied or a negative code.
+/// `get_into_ranges` once its top-level shape is checked (GIL released): every fragment
+/// `(i, j, k)` reads `all_sizes[i][j][k]` bytes of object `all_keys[i][j]` from offset
+/// `all_src_offsets[i][j][k]` straight into `buffer_ptrs[i] + all_dst_offsets[i][j][k]`: one
+/// master round trip for the distinct keys, one transfer batch of ranged reads. Results have
+/// the shape of the fragments: bytes read or a negative code. A key whose three lists disagree
+/// in length gets -600 in every slot (as many as its longest list, at least one); a range past
+/// the end of its object, a missing key or a bad destination fails only its own slot.
 pub(crate) fn gather_ranges(
     conn: &Connected,
     buffer_ptrs: &[usize],
@@ -321,67 +347,77 @@ pub(crate) fn gather_ranges(
     all_src_offsets: &[Vec<Vec<usize>>],
     all_sizes: &[Vec<Vec<usize>>],
 ) -> Vec<Vec<Vec<i64>>> {
-    let n = buffer_ptrs.len();
-    let mut distinct: Vec<&str> = all_keys.iter().flatten().map(String::as_str).collect();
-    distinct.sort_unstable();
-    distinct.dedup();
-    let values: HashMap<&str, Result<Vec<u8>, StoreError>> = if distinct.is_empty() {
-        HashMap::new()
-    } else {
-        let got = conn.block_on(conn.client.get_batch(&distinct));
-        distinct.iter().copied().zip(got).collect()
-    };
-    let mut out = Vec::with_capacity(n);
-    for i in 0..n {
-        let keys = &all_keys[i];
+    // Result shape first: one slot per fragment, -600 for a key whose lists disagree.
+    let mut out: Vec<Vec<Vec<i64>>> = Vec::with_capacity(buffer_ptrs.len());
+    let mut key_index: HashMap<&str, usize> = HashMap::new();
+    let mut distinct: Vec<&str> = Vec::new();
+    // (i, j, k, key index, destination address, size, source offset)
+    let mut wanted: Vec<(usize, usize, usize, usize, usize, usize, u64)> = Vec::new();
+    for (i, keys) in all_keys.iter().enumerate() {
         let mut per_buffer = Vec::with_capacity(keys.len());
         for (j, key) in keys.iter().enumerate() {
-            let (Some(dsts), Some(srcs), Some(sizes)) = (
-                all_dst_offsets[i].get(j),
-                all_src_offsets[i].get(j),
-                all_sizes[i].get(j),
-            ) else {
-                per_buffer.push(Vec::new());
+            let dsts = all_dst_offsets[i].get(j);
+            let srcs = all_src_offsets[i].get(j);
+            let sizes = all_sizes[i].get(j);
+            let lens = [dsts, srcs, sizes].map(|l| l.map_or(0, Vec::len));
+            let (Some(dsts), Some(srcs), Some(sizes)) = (dsts, srcs, sizes) else {
+                per_buffer.push(vec![
+                    INVALID as i64;
+                    lens.into_iter().max().unwrap_or(0).max(1)
+                ]);
                 continue;
             };
-            let mut per_key = Vec::with_capacity(sizes.len());
-            for (k, &size) in sizes.iter().enumerate() {
-                let (Some(&dst), Some(&src)) = (dsts.get(k), srcs.get(k)) else {
-                    per_key.push(INVALID as i64);
-                    continue;
-                };
-                let value = match values.get(key.as_str()) {
-                    Some(Ok(v)) => v,
-                    Some(Err(error)) => {
-                        per_key.push(code_of(error) as i64);
-                        continue;
-                    }
-                    None => {
-                        per_key.push(INVALID as i64);
-                        continue;
-                    }
-                };
-                let Some(source) = src.checked_add(size).and_then(|end| value.get(src..end)) else {
-                    per_key.push(INVALID as i64);
-                    continue;
-                };
-                let Some(target) = buffer_ptrs[i].checked_add(dst) else {
-                    per_key.push(INVALID as i64);
-                    continue;
-                };
-                // SAFETY: upstream's contract: each destination range lies in caller
-                // memory that is writable during the call.
-                match unsafe { raw_slice_mut(target, size) } {
-                    Ok(dest) => {
-                        dest.copy_from_slice(source);
-                        per_key.push(size as i64);
-                    }
-                    Err(code) => per_key.push(code as i64),
+            if dsts.len() != srcs.len() || dsts.len() != sizes.len() {
+                per_buffer.push(vec![
+                    INVALID as i64;
+                    lens.into_iter().max().unwrap_or(0).max(1)
+                ]);
+                continue;
+            }
+            let index = *key_index.entry(key.as_str()).or_insert_with(|| {
+                distinct.push(key.as_str());
+                distinct.len() - 1
+            });
+            let mut per_key = vec![0i64; sizes.len()];
+            for k in 0..sizes.len() {
+                match buffer_ptrs[i].checked_add(dsts[k]) {
+                    Some(dst) => wanted.push((i, j, k, index, dst, sizes[k], srcs[k] as u64)),
+                    None => per_key[k] = INVALID as i64,
                 }
             }
             per_buffer.push(per_key);
         }
         out.push(per_buffer);
+    }
+    if wanted.is_empty() {
+        return out;
+    }
+    let ranges: Vec<(usize, usize)> = wanted.iter().map(|w| (w.4, w.5)).collect();
+    let checked = check_ranges(&conn.client, &ranges, Access::Write);
+    let mut fragments = Vec::with_capacity(wanted.len());
+    let mut placed = Vec::with_capacity(wanted.len());
+    for (w, verdict) in wanted.iter().zip(checked) {
+        let &(i, j, k, index, dst, size, src) = w;
+        // SAFETY: upstream's contract: each destination range lies in caller memory that is
+        // writable during the call; `verdict` says it is mapped (or inside a registered buffer).
+        match verdict.and_then(|()| unsafe { raw_slice_mut(dst, size) }) {
+            Ok(dst) => {
+                fragments.push(RangeRead {
+                    key: index,
+                    offset: src,
+                    dst,
+                });
+                placed.push((i, j, k));
+            }
+            Err(code) => out[i][j][k] = code as i64,
+        }
+    }
+    if fragments.is_empty() {
+        return out;
+    }
+    let results = conn.block_on(conn.client.get_ranges(&distinct, &mut fragments));
+    for ((i, j, k), result) in placed.into_iter().zip(results) {
+        out[i][j][k] = to_i64(result);
     }
     out
 }

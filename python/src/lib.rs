@@ -1,12 +1,16 @@
 //! Python bindings of mooncake-rs: `mooncake_rs.store.MooncakeDistributedStore` with upstream
 //! Mooncake's method names, arguments and return conventions, over `mooncake_client::StoreClient`;
-//! plus `run_master` so `python -m mooncake_rs.master` can run a master without other binaries.
+//! plus `run_master` and `run_real_client` so `python -m mooncake_rs.master` and
+//! `python -m mooncake_rs.client` run a master and a real client without other binaries.
 //!
 //! Files: `store.rs` (the `MooncakeDistributedStore` class: one thin method per upstream call),
 //! `writes.rs` (the put and upsert families, which differ only in `WriteMode`), `landing.rs`
-//! (reads landing in `bytes` objects and caller buffers), `setup.rs` (setup's arguments and
-//! connecting), `buffer.rs` (buffer-protocol views and caller memory by address), `codes.rs`
-//! (upstream's return codes), `config.rs` (ReplicateConfig and the descriptor classes).
+//! (reads landing in `bytes` objects and caller buffers), `sessions.rs` (get and put sessions,
+//! ranged calls), `segments.rs` (the mount_segment family), `standalone.rs` (setup_dummy,
+//! alloc_from_mem_pool, MooncakeHostMemAllocator, the real client), `setup.rs` (setup's
+//! arguments and connecting), `buffer.rs` (buffer-protocol views and checked caller memory by
+//! address), `codes.rs` (upstream's return codes), `config.rs` (ReplicateConfig and the
+//! descriptor classes).
 //! The binding talks to the cluster only through `mooncake_client`.
 //!
 //! Owns: argument conversion, GIL release around every cluster call, upstream's return codes.
@@ -17,7 +21,10 @@ mod buffer;
 mod codes;
 mod config;
 mod landing;
+mod segments;
+mod sessions;
 mod setup;
+mod standalone;
 mod store;
 mod writes;
 
@@ -61,7 +68,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::DiskDescriptor>()?;
     m.add_class::<config::Descriptor>()?;
     m.add_class::<buffer::NativeBuffer>()?;
+    m.add_class::<standalone::HostMemAllocator>()?;
     m.add_function(wrap_pyfunction!(run_master, m)?)?;
+    m.add_function(wrap_pyfunction!(standalone::run_real_client, m)?)?;
     m.add_function(wrap_pyfunction!(error_name, m)?)?;
     Ok(())
 }

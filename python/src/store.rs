@@ -14,11 +14,12 @@ use mooncake_common::ErrorCode;
 use pyo3::prelude::*;
 use pyo3::types::{PyBytes, PyDict, PyList, PyTuple};
 
-use crate::buffer::{raw_slice_mut, NativeBuffer};
+use crate::buffer::{checked_slice_mut, NativeBuffer};
 use crate::codes::{code_of, to_i64, unit_code, INVALID, NOT_READY};
 use crate::config::{ReplicaDescriptor, ReplicateConfig};
 use crate::landing::{gather_ranges, read_into_buffers, read_into_multi_buffers, read_to_bytes};
 use crate::setup::{self, log};
+use crate::standalone::Dummy;
 
 const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 
@@ -27,9 +28,23 @@ const HEALTH_TIMEOUT: Duration = Duration::from_secs(3);
 pub(crate) struct Connected {
     runtime: tokio::runtime::Runtime,
     pub(crate) client: StoreClient,
+    /// Set by `setup_dummy`: the real client this store is attached to.
+    pub(crate) dummy: Option<Dummy>,
 }
 
 impl Connected {
+    pub(crate) fn new(
+        runtime: tokio::runtime::Runtime,
+        client: StoreClient,
+        dummy: Option<Dummy>,
+    ) -> Connected {
+        Connected {
+            runtime,
+            client,
+            dummy,
+        }
+    }
+
     pub(crate) fn block_on<T>(&self, future: impl std::future::Future<Output = T>) -> T {
         self.runtime.block_on(future)
     }
@@ -57,7 +72,14 @@ impl Store {
         }
     }
 
-    fn set_conn(&self, value: Option<Arc<Connected>>) -> Option<Arc<Connected>> {
+    /// Serialises setup and close.
+    pub(crate) fn lock_lifecycle(&self) -> std::sync::MutexGuard<'_, ()> {
+        self.lifecycle
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn set_conn(&self, value: Option<Arc<Connected>>) -> Option<Arc<Connected>> {
         match self.conn.write() {
             Ok(mut guard) => std::mem::replace(&mut *guard, value),
             Err(poisoned) => std::mem::replace(&mut *poisoned.into_inner(), value),
@@ -141,7 +163,7 @@ impl Store {
         let outcome = py.allow_threads(|| setup::connect(&params, settings));
         match outcome {
             Ok((runtime, client)) => {
-                self.set_conn(Some(Arc::new(Connected { runtime, client })));
+                self.set_conn(Some(Arc::new(Connected::new(runtime, client, None))));
                 Ok(0)
             }
             Err((code, message)) => {
@@ -194,12 +216,267 @@ impl Store {
         })
     }
 
-    /// This client's segment name ("host:port"), usable as `ReplicateConfig.preferred_segment`.
-    /// "" before setup.
+    /// This client's segment name ("host:port"), usable as `ReplicateConfig.preferred_segment`;
+    /// for a store set up with setup_dummy, the real client's. Without a port in
+    /// `local_hostname`, the port is taken from upstream's client range 12300-14300. "" before
+    /// setup.
     fn get_hostname(&self) -> String {
         self.conn()
-            .map(|c| c.client.segment_name())
+            .map(|c| match &c.dummy {
+                Some(dummy) => dummy.segment.clone(),
+                None => c.client.segment_name(),
+            })
             .unwrap_or_default()
+    }
+
+    /// setup_dummy(mem_pool_size, local_buffer_size, server_address) -> int
+    ///
+    /// Attaches to the real client process (`mooncake_client`) at `server_address`
+    /// ("host:port", its `--port`, 50052 by default) on this host and joins its cluster as a
+    /// client without memory of its own: one attach round trip gives the master, the tenant
+    /// and the real client's segment; later calls go to the master directly and move bytes to
+    /// and from the real client's segment over shared memory. `mem_pool_size` caps what
+    /// alloc_from_mem_pool hands out; `local_buffer_size` caps objects in unregistered memory,
+    /// as in setup(). 0, or a negative code (-900 when nothing answers at the address).
+    fn setup_dummy(
+        &self,
+        py: Python<'_>,
+        mem_pool_size: u64,
+        local_buffer_size: u64,
+        server_address: &str,
+    ) -> i32 {
+        self.setup_dummy_impl(py, mem_pool_size, local_buffer_size, server_address)
+    }
+
+    /// init_all(protocol, device_name, mount_segment_size=16 MiB) -> int
+    ///
+    /// Upstream's legacy one-call setup: setup("localhost", "P2PHANDSHAKE",
+    /// mount_segment_size, 1 GiB, protocol, device_name, "127.0.0.1:50051"). Returns 1 when the
+    /// store is already set up (as upstream), else setup()'s result.
+    #[pyo3(signature = (protocol, device_name, mount_segment_size=16 << 20))]
+    fn init_all(
+        &self,
+        py: Python<'_>,
+        protocol: &str,
+        device_name: &str,
+        mount_segment_size: u64,
+    ) -> PyResult<i32> {
+        if self.conn().is_some() {
+            return Ok(1);
+        }
+        let args = PyTuple::new(
+            py,
+            [
+                "localhost".into_pyobject(py)?.into_any(),
+                "P2PHANDSHAKE".into_pyobject(py)?.into_any(),
+                mount_segment_size.into_pyobject(py)?.into_any(),
+                (1u64 << 30).into_pyobject(py)?.into_any(),
+                protocol.into_pyobject(py)?.into_any(),
+                device_name.into_pyobject(py)?.into_any(),
+                "127.0.0.1:50051".into_pyobject(py)?.into_any(),
+            ],
+        )?;
+        self.setup(py, &args, None)
+    }
+
+    /// The address of `size` bytes of registered shared memory (zero-copy calls on it need no
+    /// per-call registration), from the `mem_pool_size` of setup_dummy; 0 when the pool is
+    /// used up, on a store not set up with setup_dummy, or before setup. Freed at close().
+    fn alloc_from_mem_pool(&self, py: Python<'_>, size: u64) -> u64 {
+        self.alloc_from_mem_pool_impl(py, size)
+    }
+
+    // ----- segments ----------------------------------------------------------------------------
+
+    /// mount_segment(path, size, offset=0, protocol="tcp", location="") -> dict
+    ///
+    /// Maps `size` bytes of the file at `path` (e.g. /dev/shm/NAME) from `offset` (a multiple
+    /// of the page size) and contributes them to the cluster as another segment of this
+    /// client. Returns {"ret": 0 or a negative code, "segment_ids": [id]}. Peers reach such a
+    /// segment over TCP (a file cannot be sealed against shrinking like our memfd segments).
+    /// `location` (a NUMA/device hint) is accepted and not used.
+    #[pyo3(signature = (path, size, offset=0, protocol="tcp", location=""))]
+    fn mount_segment<'py>(
+        &self,
+        py: Python<'py>,
+        path: &str,
+        size: u64,
+        offset: u64,
+        protocol: &str,
+        location: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let _ = location;
+        self.mount_file_impl(py, path, size, offset, protocol)
+    }
+
+    /// allocate_and_mount_segment(size, protocol="tcp", location="") -> dict
+    ///
+    /// Allocates `size` bytes of shared memory and contributes them as another segment.
+    /// Returns {"ret", "segment_ids": [id], "allocated_size"}.
+    #[pyo3(signature = (size, protocol="tcp", location=""))]
+    fn allocate_and_mount_segment<'py>(
+        &self,
+        py: Python<'py>,
+        size: u64,
+        protocol: &str,
+        location: &str,
+    ) -> PyResult<Bound<'py, PyDict>> {
+        let _ = location;
+        self.allocate_and_mount_impl(py, size, protocol)
+    }
+
+    /// Unmounts segments of this store by id (from mount_segment or
+    /// allocate_and_mount_segment): objects stored only there are gone at once, or after
+    /// `grace_period_seconds` during which they stay readable and nothing new is placed
+    /// there. 0 or the first negative code (-600 for an id that is not a segment of this
+    /// store). The memory is released with the segment.
+    #[pyo3(signature = (segment_ids, grace_period_seconds=0))]
+    fn unmount_segment(
+        &self,
+        py: Python<'_>,
+        segment_ids: Vec<String>,
+        grace_period_seconds: i64,
+    ) -> i32 {
+        self.unmount_impl(py, segment_ids, grace_period_seconds)
+    }
+
+    /// unmount_segment() (the memory is always released with its segment here).
+    #[pyo3(signature = (segment_ids, grace_period_seconds=0))]
+    fn unmount_and_free_segment(
+        &self,
+        py: Python<'_>,
+        segment_ids: Vec<String>,
+        grace_period_seconds: i64,
+    ) -> i32 {
+        self.unmount_impl(py, segment_ids, grace_period_seconds)
+    }
+
+    /// Unmounts this client's local-disk (SSD offload) segment. This client mounts none, so
+    /// there is nothing to do: 0 (-1010 before setup).
+    #[pyo3(signature = (grace_period_seconds=0))]
+    fn unmount_local_disk_segment(&self, grace_period_seconds: i64) -> i32 {
+        let _ = grace_period_seconds;
+        if self.conn().is_some() {
+            0
+        } else {
+            NOT_READY
+        }
+    }
+
+    /// Reads of local-disk replicas served through their owner (upstream's offload RPC).
+    /// This client reads memory replicas only, so the count stays 0; 0 before setup.
+    fn get_offload_rpc_read_count(&self) -> u64 {
+        self.conn().map_or(0, |c| {
+            c.client
+                .stats()
+                .offload_rpc_reads
+                .load(std::sync::atomic::Ordering::Relaxed)
+        })
+    }
+
+    /// Diagnostics: peer segments this store maps over shared memory (-1 before setup).
+    fn _shm_mapped_segments(&self) -> i64 {
+        self.conn()
+            .map_or(-1, |c| c.client.shm_mapped_segments() as i64)
+    }
+
+    // ----- sessions ----------------------------------------------------------------------------
+
+    /// Starts a get session per key: one master query whose replicas and read lease later
+    /// batch_get_into_multi_buffer_ranges calls use without asking the master again. One
+    /// result per key: 0 or a negative code (-704 missing).
+    fn batch_get_session_start(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        self.get_session_start_impl(py, keys)
+    }
+
+    /// Ends the get sessions of `keys` (drops the cached replicas; no master call). 0.
+    fn batch_get_session_end(&self, keys: Vec<String>) -> i32 {
+        self.get_session_end_impl(keys)
+    }
+
+    /// For each key i, reads `all_sizes[i][j]` bytes from object offset
+    /// `all_src_offsets[i][j]` into `all_buffer_ptrs[i][j]`, using the replicas of the key's
+    /// get session (a key without one is looked up now), all in one transfer batch of ranged
+    /// reads. One result per key: the bytes read (the sum of its sizes) or a negative code
+    /// (-600 for lists of different lengths or a range past the end of the object, -707 once
+    /// the session's lease ran out).
+    fn batch_get_into_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        all_src_offsets: Vec<Vec<usize>>,
+    ) -> Vec<i64> {
+        self.get_ranges_impl(py, keys, all_buffer_ptrs, all_sizes, all_src_offsets)
+    }
+
+    /// Starts a put session per key: reserves objects of `sizes[i]` bytes (not readable until
+    /// batch_put_session_end). One result per key: 0, -705 when the key exists or is being
+    /// written, -600 when a session of the key is open here.
+    #[pyo3(signature = (keys, sizes, config=None))]
+    fn batch_put_session_start(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        sizes: Vec<u64>,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> Vec<i32> {
+        self.put_session_start_impl(py, keys, sizes, config)
+    }
+
+    /// For each key i, writes `all_sizes[i][j]` bytes from `all_buffer_ptrs[i][j]` at object
+    /// offset `all_dst_offsets[i][j]` of the key's open put session, to every replica, in one
+    /// transfer batch. One result per key: the bytes written or a negative code.
+    fn batch_put_from_multi_buffer_ranges(
+        &self,
+        py: Python<'_>,
+        keys: Vec<String>,
+        all_buffer_ptrs: Vec<Vec<usize>>,
+        all_sizes: Vec<Vec<usize>>,
+        all_dst_offsets: Vec<Vec<usize>>,
+    ) -> Vec<i64> {
+        self.put_ranges_impl(py, keys, all_buffer_ptrs, all_sizes, all_dst_offsets)
+    }
+
+    /// Ends the put sessions of `keys`: waits for their running range writes, then makes the
+    /// objects readable (recorded without a checksum: no one read them whole). 0 per key or a
+    /// negative code; a failed key keeps its session (retry, or revoke it).
+    fn batch_put_session_end(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        self.put_session_finish_impl(py, keys, true)
+    }
+
+    /// Revokes the put sessions of `keys`: the reserved objects are dropped. 0 per key or a
+    /// negative code.
+    fn batch_put_session_revoke(&self, py: Python<'_>, keys: Vec<String>) -> Vec<i32> {
+        self.put_session_finish_impl(py, keys, false)
+    }
+
+    /// put_from_with_metadata(key, buffer_ptr, metadata_buffer_ptr, size, metadata_size,
+    /// config=None) -> int
+    ///
+    /// Stores the `metadata_size` bytes at `metadata_buffer_ptr` followed by the `size` bytes
+    /// at `buffer_ptr` as one object (no concatenation copy). 0 or a negative code; a `size`
+    /// of 0 stores nothing and returns 0, as upstream.
+    #[pyo3(signature = (key, buffer_ptr, metadata_buffer_ptr, size, metadata_size, config=None))]
+    #[allow(clippy::too_many_arguments)]
+    fn put_from_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        buffer_ptr: usize,
+        metadata_buffer_ptr: usize,
+        size: usize,
+        metadata_size: usize,
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i32 {
+        self.write_with_metadata(
+            py,
+            key,
+            (metadata_buffer_ptr, metadata_size),
+            (buffer_ptr, size),
+            config,
+        )
     }
 
     // ----- copying writes ----------------------------------------------------------------------
@@ -305,7 +582,10 @@ impl Store {
     // ----- registered memory and zero-copy calls -----------------------------------------------
 
     /// Registers `[buffer_ptr, buffer_ptr+size)` for zero-copy calls. The memory must stay valid
-    /// until unregister_buffer() or close(). 0 or a negative code.
+    /// until unregister_buffer() or close(). 0, or a negative code: -600 when the range is not
+    /// mapped readable and writable in this process (checked once, here), so a bad address is
+    /// refused instead of crashing a later call. A range inside an already registered buffer
+    /// (e.g. memory from alloc_from_mem_pool) is accepted as is.
     fn register_buffer(&self, py: Python<'_>, buffer_ptr: usize, size: usize) -> i32 {
         let Some(conn) = self.conn() else {
             return NOT_READY;
@@ -349,8 +629,9 @@ impl Store {
             return NOT_READY as i64;
         };
         py.allow_threads(|| {
-            // SAFETY: upstream's contract: the caller's range is writable during the call.
-            let buffer = match unsafe { raw_slice_mut(buffer_ptr, size) } {
+            // SAFETY: upstream's contract: the caller's range is writable during the call; it is
+            // checked to be mapped (or inside a registered buffer) first.
+            let buffer = match unsafe { checked_slice_mut(&conn.client, buffer_ptr, size) } {
                 Ok(b) => b,
                 Err(code) => return code as i64,
             };
@@ -427,10 +708,11 @@ impl Store {
     }
 
     /// Gathers byte ranges of objects into buffers: for buffer i, key `all_keys[i][j]` and range k,
-    /// copies `all_sizes[i][j][k]` bytes from object offset `all_src_offsets[i][j][k]` to
-    /// `buffer_ptrs[i] + all_dst_offsets[i][j][k]`. Results have the same shape: bytes copied or a
-    /// negative code. Unlike upstream, each object is read whole once and the ranges are copied
-    /// out of it (no ranged transfer in our client yet).
+    /// reads `all_sizes[i][j][k]` bytes from object offset `all_src_offsets[i][j][k]` straight
+    /// into `buffer_ptrs[i] + all_dst_offsets[i][j][k]` (one master round trip, one transfer
+    /// batch of ranged reads). Results have the same shape: bytes read or a negative code. A
+    /// key whose three lists differ in length gets -600 in every slot; a range past the end of
+    /// its object, a missing key or a bad destination fails only its own slot.
     fn get_into_ranges(
         &self,
         py: Python<'_>,

@@ -7,10 +7,11 @@ use mooncake_common::ReplicateConfig as RsReplicateConfig;
 use pyo3::prelude::*;
 use pyo3::types::PyTuple;
 
-use crate::buffer::{raw_slice, ByteView};
+use crate::buffer::{check_ranges, checked_slice, key_verdict, raw_slice, ByteView};
 use crate::codes::{put_code, INVALID, NOT_READY};
 use crate::config::ReplicateConfig;
 use crate::store::{Connected, Store};
+use mooncake_client::Access;
 
 fn config_of(config: Option<PyRef<'_, ReplicateConfig>>) -> RsReplicateConfig {
     config.map(|c| c.inner.clone()).unwrap_or_default()
@@ -128,12 +129,44 @@ impl Store {
         };
         let config = config_of(config);
         py.allow_threads(|| {
-            // SAFETY: upstream's contract: the caller's range is readable during the call.
-            let bytes = match unsafe { raw_slice(buffer_ptr, size) } {
+            // SAFETY: upstream's contract: the caller's range is readable during the call; it is
+            // checked to be mapped (or inside a registered buffer) first.
+            let bytes = match unsafe { checked_slice(&conn.client, buffer_ptr, size) } {
                 Ok(b) => b,
                 Err(code) => return code,
             };
             write_one(&conn, mode, key, &[bytes], &config)
+        })
+    }
+
+    /// `put_from_with_metadata`: the object is the metadata bytes, then the data bytes.
+    pub(crate) fn write_with_metadata(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        metadata: (usize, usize),
+        data: (usize, usize),
+        config: Option<PyRef<'_, ReplicateConfig>>,
+    ) -> i32 {
+        let Some(conn) = self.conn() else {
+            return NOT_READY;
+        };
+        if data.1 == 0 {
+            return 0;
+        }
+        let config = config_of(config);
+        py.allow_threads(|| {
+            let checked = check_ranges(&conn.client, &[metadata, data], Access::Read);
+            let mut parts = Vec::with_capacity(2);
+            for (&(ptr, size), verdict) in [metadata, data].iter().zip(checked) {
+                // SAFETY: upstream's contract: both ranges are readable during the call;
+                // `verdict` says each is mapped (or inside a registered buffer).
+                match verdict.and_then(|()| unsafe { raw_slice(ptr, size) }) {
+                    Ok(bytes) => parts.push(bytes),
+                    Err(code) => return code,
+                }
+            }
+            write_one(&conn, WriteMode::Put, key, &parts, &config)
         })
     }
 
@@ -157,9 +190,12 @@ impl Store {
             let mut out = vec![0i32; keys.len()];
             let mut items = Vec::with_capacity(keys.len());
             let mut slots = Vec::with_capacity(keys.len());
+            let ranges: Vec<(usize, usize)> = buffer_ptrs.iter().copied().zip(sizes).collect();
+            let checked = check_ranges(&conn.client, &ranges, Access::Read);
             for (i, key) in keys.iter().enumerate() {
-                // SAFETY: upstream's contract: the caller's ranges are readable during the call.
-                match unsafe { raw_slice(buffer_ptrs[i], sizes[i]) } {
+                // SAFETY: upstream's contract: the caller's ranges are readable during the call;
+                // `checked` says each is mapped (or inside a registered buffer).
+                match checked[i].and_then(|()| unsafe { raw_slice(ranges[i].0, ranges[i].1) }) {
                     Ok(bytes) => {
                         items.push((key.as_str(), bytes));
                         slots.push(i);
@@ -209,6 +245,14 @@ fn put_multi_buffers(
     config: &RsReplicateConfig,
 ) -> Vec<i32> {
     let mut out = vec![0i32; keys.len()];
+    // Every buffer is checked first (one read of the process's mappings for the whole call).
+    let flat: Vec<(usize, usize)> = all_buffer_ptrs
+        .iter()
+        .zip(all_sizes)
+        .filter(|(p, s)| p.len() == s.len())
+        .flat_map(|(p, s)| p.iter().copied().zip(s.iter().copied()))
+        .collect();
+    let mut checked = check_ranges(&conn.client, &flat, Access::Read).into_iter();
     // Keys whose buffers are adjacent are one slice each and go in one put_batch; the
     // others (scattered buffers) are put one by one, concurrently with the batch.
     let mut whole: Vec<(&str, &[u8])> = Vec::new();
@@ -220,6 +264,10 @@ fn put_multi_buffers(
             out[i] = INVALID;
             continue;
         }
+        if let Err(code) = key_verdict(&mut checked, ptrs.len()) {
+            out[i] = code;
+            continue;
+        }
         let total = sizes.iter().try_fold(0usize, |a, &s| a.checked_add(s));
         let adjacent = !ptrs.is_empty()
             && ptrs
@@ -229,7 +277,7 @@ fn put_multi_buffers(
         let checked = match total {
             None => Err(INVALID),
             // SAFETY: upstream's contract: the caller's ranges are readable during the
-            // call; adjacent ones together form one readable range.
+            // call (each checked mapped above); adjacent ones together form one range.
             Some(total) if adjacent => unsafe { raw_slice(ptrs[0], total) }.map(|b| {
                 whole.push((keys[i].as_str(), b));
                 whole_slots.push(i);

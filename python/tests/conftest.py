@@ -51,9 +51,9 @@ def master():
     m.stop()
 
 
-def make_store(addr, segment="64MB", **kw):
+def make_store(addr, segment="64MB", local_buffer="16MB", **kw):
     s = MooncakeDistributedStore()
-    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", segment, "16MB", "tcp", "", addr, **kw)
+    rc = s.setup("127.0.0.1", "P2PHANDSHAKE", segment, local_buffer, "tcp", "", addr, **kw)
     assert rc == 0, rc
     return s
 

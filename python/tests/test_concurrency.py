@@ -6,6 +6,8 @@ import time
 
 import numpy as np
 
+from conftest import make_store
+
 
 def test_threads_hammering_one_store(store, key):
     errors = []
@@ -64,9 +66,19 @@ def test_threads_hammering_one_store(store, key):
         assert len(v) == 64 and len(set(v)) == 1
 
 
-def test_gil_is_released_during_io(store, key):
+def test_gil_is_released_during_io(master, key):
     """Another Python thread runs *during* a long store call: stamps taken by a spinning thread
     fall strictly inside the call's time window (with the GIL held there would be none)."""
+    # local_buffer_size caps objects in unregistered memory (as upstream's staging arena).
+    store = make_store(master.addr, segment="128MB", local_buffer="64MB")
+    try:
+        _gil_is_released_during_io(store, key)
+    finally:
+        store.remove_all(force=True)
+        store.close()
+
+
+def _gil_is_released_during_io(store, key):
     value = bytes(48 << 20)
     assert store.put(key, value) == 0
     stop = threading.Event()

@@ -126,7 +126,8 @@ def test_is_exist_grants_the_read_lease(store, key):
 
 def test_full_store_returns_no_available_handle():
     m = Master()
-    s = make_store(m.addr, segment="16MB")
+    # local_buffer_size above the largest value: the full store, not the cap, refuses it.
+    s = make_store(m.addr, segment="16MB", local_buffer="64MB")
     try:
         pinned = ReplicateConfig()
         pinned.with_hard_pin = True  # never evicted: eviction cannot make room

@@ -211,3 +211,14 @@ def test_master_that_accepts_but_never_answers_fails_within_seconds():
     finally:
         silent.close()
         s.close()
+
+
+def test_init_all_is_upstreams_one_call_setup(master):
+    s = make_store(master.addr)
+    try:
+        assert s.init_all("tcp", "") == 1  # already set up, as upstream
+    finally:
+        s.close()
+    fresh = MooncakeDistributedStore()
+    assert fresh.init_all("ucx", "", 16 << 20) == -600  # refused before connecting
+    assert fresh.get_hostname() == ""

@@ -29,6 +29,14 @@ enum Command {
     },
     /// A store node: contributes memory to a master and serves transfers until SIGINT/SIGTERM.
     Store(node::Args),
+    /// The real client of standalone mode, with upstream `mooncake_client`'s flags
+    /// (`--master_server_address`, `--host`, `--port`, `--global_segment_size`, …); stores of
+    /// this host attach with `setup_dummy`. Also runs as `mooncake_client` (a link to this binary).
+    #[command(disable_help_flag = true)]
+    Client {
+        #[arg(trailing_var_arg = true, allow_hyphen_values = true)]
+        args: Vec<String>,
+    },
     /// A master and two store nodes on loopback, a few thousand verified puts and gets, a table.
     Quickstart(quickstart::Args),
     /// Store a file (or `-` for stdin) under KEY.
@@ -65,6 +73,13 @@ fn init_logging_at(default: &str) {
 
 fn main() {
     tune_malloc();
+    // Run as `mooncake_client` (a link to this binary): upstream's real client, its flags.
+    let mut argv = std::env::args();
+    let program = argv.next().unwrap_or_default();
+    if std::path::Path::new(&program).file_name() == Some(std::ffi::OsStr::new("mooncake_client")) {
+        init_logging();
+        std::process::exit(node::run_real_client(argv.collect()));
+    }
     if let Err(error) = run(Cli::parse()) {
         eprintln!("mooncake: {error:#}");
         std::process::exit(1);
@@ -111,6 +126,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Store(args) => {
             init_logging();
             node::run(args)
+        }
+        Command::Client { args } => {
+            init_logging();
+            std::process::exit(node::run_real_client(args))
         }
         Command::Quickstart(args) => {
             init_logging_at("error");

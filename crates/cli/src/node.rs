@@ -1,6 +1,10 @@
 //! `mooncake store`: a node daemon that contributes memory to a master and serves transfers of
 //! the objects placed in it, until SIGINT or SIGTERM (then it unmounts and exits 0). When it is
 //! killed instead, the master expires it after `client_ttl` and the rest of the cluster goes on.
+//!
+//! `mooncake client` (also run as `mooncake_client`): the same with upstream `mooncake_client`'s
+//! flags, plus the attach port that `setup_dummy` stores of this host connect to
+//! (`mooncake_client::standalone`).
 
 use anyhow::Context;
 use mooncake_client::{StoreClient, StoreConfig};
@@ -71,4 +75,21 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         println!("mooncake store: unmounted, bye");
         Ok(())
     })
+}
+
+/// `mooncake client ARGS` / `mooncake_client ARGS`: upstream's real client flags. Returns the
+/// exit code (0 after SIGINT/SIGTERM, 1 when it cannot join, 2 for bad flags).
+pub fn run_real_client(args: Vec<String>) -> i32 {
+    use mooncake_client::standalone::{run_until_signal, ArgsError, RealClientArgs};
+    match RealClientArgs::parse(args) {
+        Ok(args) => run_until_signal(args),
+        Err(ArgsError::Help(usage)) => {
+            print!("{usage}");
+            0
+        }
+        Err(ArgsError::Bad(message)) => {
+            eprintln!("mooncake_client: {message}\n{}", RealClientArgs::usage());
+            2
+        }
+    }
 }

@@ -6,16 +6,22 @@
 //!   `store` module for its files by concern (write and read legs, buffers, endpoints,
 //!   heartbeat).
 //! - [`BlockingStoreClient`] (`blocking.rs`): the same for code without an async runtime.
+//! - [`standalone`]: the real client process (`mooncake_client`) that dummy clients attach to.
 //!
 //! Owns: request construction, error typing, connection reuse. Must never: interpret replica
 //! bytes it did not verify, or retry an operation that is not idempotent without saying so.
 
 pub mod blocking;
 pub mod master_client;
+pub mod standalone;
 pub mod store;
 
 pub use blocking::BlockingStoreClient;
 pub use master_client::{MasterClient, MasterError, WriteMode};
+/// Page-aligned shared memory (a memfd mapping) the binding hands out as host memory.
+pub use mooncake_transfer::memory::Mapping as HostMemory;
 /// The `StoreConfig::transport` choice, so users of the config need not name the transfer crate.
 pub use mooncake_transfer::TransportMode;
-pub use store::{PutOutcome, StoreClient, StoreConfig, StoreError, VerifyReport};
+pub use store::{
+    Access, PutOutcome, RangeRead, RangeWrite, StoreClient, StoreConfig, StoreError, VerifyReport,
+};

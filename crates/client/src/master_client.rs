@@ -166,6 +166,22 @@ impl MasterClient {
         self.call(&m::UnmountSegment { segment_id, client }).await
     }
 
+    /// Unmounts a segment after `grace_period_ms`, during which its objects stay readable but
+    /// nothing new is placed there.
+    pub async fn graceful_unmount_segment(
+        &self,
+        segment_id: SegmentId,
+        client: ClientId,
+        grace_period_ms: u64,
+    ) -> Result<(), MasterError> {
+        self.call(&m::GracefulUnmountSegment {
+            segment_id,
+            client,
+            grace_period_ms,
+        })
+        .await
+    }
+
     pub async fn exist_key(&self, key: &str, tenant: &str) -> Result<bool, MasterError> {
         self.call(&m::ExistKey {
             key: key.to_string(),

@@ -339,6 +339,51 @@ impl TransferEngine {
         Ok(region.id())
     }
 
+    /// Registers memory a caller handed over by address (the zero-copy buffers of the Python
+    /// binding, which arrive as integers) after checking that all of `[ptr, ptr+len_bytes)` is
+    /// mapped readable and writable in this process (one read of `/proc/self/maps`, once per
+    /// registration). An address that is not mapped, or a length past the end of the mapping,
+    /// is refused with INVALID_PARAMS instead of faulting in a later copy.
+    ///
+    /// # Safety
+    /// As [`TransferEngine::register_user_buffer`]: the memory must stay mapped until the
+    /// region is unregistered (the check proves it is mapped now, not later).
+    pub unsafe fn register_caller_memory(
+        &self,
+        ptr: *mut u8,
+        len_bytes: usize,
+    ) -> Result<u64, TransferError> {
+        if ptr.is_null() || len_bytes == 0 {
+            return Err(TransferError::InvalidParams(
+                "a buffer needs a non-null address and a non-zero length".into(),
+            ));
+        }
+        crate::memory::check_mapped(ptr as usize, len_bytes, crate::memory::Access::ReadWrite)?;
+        // SAFETY: forwarded to the caller's contract; the range was just checked to be mapped.
+        unsafe { self.register_user_buffer(ptr, len_bytes) }
+    }
+
+    /// Maps `len_bytes` of the file at `path` from `offset` (a multiple of the page size) and
+    /// registers them as a segment served to peers over TCP. A file cannot be sealed against
+    /// shrinking the way a memfd is, so same-host peers are not handed it over shared memory.
+    /// The file must keep at least `offset + len_bytes` bytes while the segment is registered
+    /// (a shrunk file would fault the process that maps it, as with any shared mapping).
+    pub fn map_file_segment(
+        &self,
+        path: &std::path::Path,
+        offset: u64,
+        len_bytes: usize,
+    ) -> Result<MemoryHandle, TransferError> {
+        let mapping = Arc::new(Mapping::map_file(path, offset, len_bytes)?);
+        let region = self.inner.registry.register(
+            RegionKind::Segment { shareable: false },
+            mapping.as_ptr() as usize,
+            len_bytes,
+            Some(mapping),
+        )?;
+        Ok(MemoryHandle { region })
+    }
+
     /// Unregisters a region, waiting up to `unregister_timeout_ms` for transfers using it.
     /// After `Ok`, no transfer touches the memory any more. On `RegionBusy` it stays registered.
     pub fn unregister(&self, region_id: u64) -> Result<(), TransferError> {

@@ -133,6 +133,72 @@ impl Mapping {
         Ok(mapping)
     }
 
+    /// Maps `len_bytes` of the file at `path` from `offset` (a multiple of the page size),
+    /// shared and writable: a file-backed segment (`mount_segment`). The file must already hold
+    /// `offset + len_bytes` bytes.
+    pub fn map_file(
+        path: &std::path::Path,
+        offset: u64,
+        len_bytes: usize,
+    ) -> Result<Mapping, TransferError> {
+        if len_bytes == 0 {
+            return Err(TransferError::InvalidParams(
+                "cannot map a zero-length range".into(),
+            ));
+        }
+        if offset.checked_rem(page_bytes() as u64) != Some(0) {
+            return Err(TransferError::InvalidParams(format!(
+                "offset {offset} is not a multiple of the page size ({})",
+                page_bytes()
+            )));
+        }
+        let file = std::fs::OpenOptions::new()
+            .read(true)
+            .write(true)
+            .open(path)
+            .map_err(|e| TransferError::InvalidParams(format!("open {}: {e}", path.display())))?;
+        let file_bytes = file
+            .metadata()
+            .map_err(|e| TransferError::Io(format!("stat {}: {e}", path.display())))?
+            .len();
+        match offset.checked_add(len_bytes as u64) {
+            Some(end) if end <= file_bytes => {}
+            _ => {
+                return Err(TransferError::InvalidParams(format!(
+                    "{} has {file_bytes} bytes: [{offset}, +{len_bytes}) is past its end",
+                    path.display()
+                )))
+            }
+        }
+        let file_offset = libc::off_t::try_from(offset)
+            .map_err(|_| TransferError::InvalidParams(format!("offset {offset} too large")))?;
+        // SAFETY: a fresh mapping chosen by the kernel of a valid, open file descriptor; the
+        // range lies inside the file (checked above) and overlaps nothing Rust owns.
+        let ptr = unsafe {
+            libc::mmap(
+                std::ptr::null_mut(),
+                len_bytes,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_SHARED,
+                file.as_raw_fd(),
+                file_offset,
+            )
+        };
+        if ptr == libc::MAP_FAILED {
+            return Err(last_os_error("mmap file"));
+        }
+        let ptr =
+            NonNull::new(ptr.cast::<u8>()).ok_or_else(|| last_os_error("mmap returned NULL"))?;
+        Ok(Mapping {
+            ptr,
+            len_bytes,
+            mapped_bytes: len_bytes,
+            // The mapping keeps the pages; the descriptor closes with `file`.
+            fd: None,
+            huge_pages: false,
+        })
+    }
+
     fn map(fd: OwnedFd, mapped_bytes: usize, huge: bool) -> Result<Mapping, TransferError> {
         let mut flags = libc::MAP_SHARED;
         if huge {
@@ -232,6 +298,107 @@ impl Drop for Mapping {
     }
 }
 
+/// What a caller's memory range must allow.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Access {
+    /// The range is read (the source of a put).
+    Read,
+    /// The range is written (the destination of a get).
+    Write,
+    /// Both (a registered buffer serves puts and gets).
+    ReadWrite,
+}
+
+/// Longest `/proc/self/maps` read (a process with hundreds of thousands of mappings).
+const MAX_MAPS_BYTES: u64 = 64 << 20;
+
+/// The address ranges mapped in this process and their permissions, read once from
+/// `/proc/self/maps`. Memory handed over as a raw address (Python's zero-copy calls) is checked
+/// against it before anything touches it, so an address that is not mapped is refused with
+/// INVALID_PARAMS instead of killing the process. A snapshot: a range unmapped after the check
+/// is the caller's breach of contract, as with any raw pointer.
+#[derive(Debug, Clone, Default)]
+pub struct MappedRanges {
+    /// `(start, end, readable, writable)`, sorted by start, as the kernel lists them.
+    ranges: Vec<(usize, usize, bool, bool)>,
+}
+
+impl MappedRanges {
+    /// Reads this process's mappings now.
+    pub fn read() -> Result<MappedRanges, TransferError> {
+        use std::io::Read;
+        let file = std::fs::File::open("/proc/self/maps")
+            .map_err(|e| TransferError::Io(format!("reading /proc/self/maps: {e}")))?;
+        let mut text = String::new();
+        file.take(MAX_MAPS_BYTES)
+            .read_to_string(&mut text)
+            .map_err(|e| TransferError::Io(format!("reading /proc/self/maps: {e}")))?;
+        Ok(Self::parse(&text))
+    }
+
+    /// Parses the text of a `maps` file; lines that do not parse are skipped (they then count as
+    /// unmapped, which only refuses more).
+    pub fn parse(text: &str) -> MappedRanges {
+        let mut ranges: Vec<(usize, usize, bool, bool)> = text
+            .lines()
+            .filter_map(|line| {
+                let mut fields = line.split_ascii_whitespace();
+                let (start, end) = fields.next()?.split_once('-')?;
+                let start = usize::from_str_radix(start, 16).ok()?;
+                let end = usize::from_str_radix(end, 16).ok()?;
+                let perms = fields.next()?.as_bytes();
+                if end <= start || perms.len() < 2 {
+                    return None;
+                }
+                Some((start, end, perms[0] == b'r', perms[1] == b'w'))
+            })
+            .collect();
+        ranges.sort_unstable_by_key(|r| r.0);
+        MappedRanges { ranges }
+    }
+
+    /// True when every byte of `[addr, addr+len)` lies in mappings that allow `access` (a range
+    /// may span adjacent mappings). An empty range is always covered.
+    pub fn covers(&self, addr: usize, len: usize, access: Access) -> bool {
+        if len == 0 {
+            return true;
+        }
+        let Some(end) = addr.checked_add(len) else {
+            return false;
+        };
+        let allowed = |r: bool, w: bool| match access {
+            Access::Read => r,
+            Access::Write => w,
+            Access::ReadWrite => r && w,
+        };
+        // The mapping holding `addr`, then each one that starts exactly where the last ended.
+        let first = self.ranges.partition_point(|m| m.1 <= addr);
+        let mut reached = addr;
+        for &(start, stop, r, w) in &self.ranges[first..] {
+            if start > reached || !allowed(r, w) {
+                return false;
+            }
+            reached = stop;
+            if reached >= end {
+                return true;
+            }
+        }
+        false
+    }
+}
+
+/// Checks that `[addr, addr+len)` is mapped in this process with `access` (one read of
+/// `/proc/self/maps`): INVALID_PARAMS naming the range otherwise.
+pub fn check_mapped(addr: usize, len: usize, access: Access) -> Result<(), TransferError> {
+    if MappedRanges::read()?.covers(addr, len, access) {
+        Ok(())
+    } else {
+        Err(TransferError::InvalidParams(format!(
+            "memory [{addr:#x}, +{len}) is not mapped {access:?} in this process"
+        )))
+    }
+}
+
 #[cfg(test)]
 mod tests {
     #![allow(clippy::unwrap_used)]
@@ -318,5 +485,94 @@ mod tests {
             Mapping::allocate("zero", 0, false),
             Err(TransferError::InvalidParams(_))
         ));
+    }
+
+    #[test]
+    fn mapped_ranges_parse_and_cover_adjacent_mappings() {
+        let maps = MappedRanges::parse(
+            "1000-2000 rw-p 00000000 00:00 0\n\
+             2000-3000 r--p 00000000 00:00 0 /lib/x.so\n\
+             5000-6000 rw-s 00000000 00:05 7 /memfd:seg (deleted)\n\
+             garbage line\n",
+        );
+        assert!(maps.covers(0x1000, 0x1000, Access::ReadWrite));
+        assert!(
+            maps.covers(0x1800, 0x1000, Access::Read),
+            "spans two adjacent mappings"
+        );
+        assert!(
+            !maps.covers(0x1800, 0x1000, Access::Write),
+            "the second is read-only"
+        );
+        assert!(
+            !maps.covers(0x2800, 0x1000, Access::Read),
+            "runs into a hole"
+        );
+        assert!(
+            !maps.covers(0x0fff, 2, Access::Read),
+            "starts before any mapping"
+        );
+        assert!(maps.covers(0x5000, 0x1000, Access::Write));
+        assert!(!maps.covers(0x5000, 0x1001, Access::Write));
+        assert!(
+            !maps.covers(usize::MAX - 1, 4, Access::Read),
+            "wraps around"
+        );
+        assert!(
+            maps.covers(0x9999_0000, 0, Access::Write),
+            "an empty range touches nothing"
+        );
+    }
+
+    #[test]
+    fn this_process_memory_is_mapped_and_low_addresses_are_not() {
+        let heap = vec![1u8; 100_000];
+        check_mapped(heap.as_ptr() as usize, heap.len(), Access::ReadWrite).unwrap();
+        let mapping = Mapping::allocate("mapped", 8192, false).unwrap();
+        check_mapped(mapping.as_ptr() as usize, 8192, Access::ReadWrite).unwrap();
+        // The first pages are never mapped (vm.mmap_min_addr).
+        assert!(matches!(
+            check_mapped(0x1000, 4096, Access::Read),
+            Err(TransferError::InvalidParams(_))
+        ));
+        // A real allocation with a declared size far past its end.
+        assert!(check_mapped(heap.as_ptr() as usize, 1 << 62, Access::Write).is_err());
+        // Read-only code is readable, not writable.
+        let code = check_mapped as *const () as usize;
+        check_mapped(code, 1, Access::Read).unwrap();
+        assert!(check_mapped(code, 1, Access::Write).is_err());
+    }
+
+    #[test]
+    fn file_ranges_map_shared_and_bad_ranges_are_refused() {
+        let dir = std::env::temp_dir().join(format!("mc-map-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let path = dir.join("segment");
+        let page = page_bytes();
+        std::fs::write(&path, vec![7u8; 3 * page]).unwrap();
+        let mapping = Mapping::map_file(&path, page as u64, page).unwrap();
+        // SAFETY: inside the fresh mapping.
+        unsafe {
+            assert_eq!(*mapping.as_ptr(), 7);
+            *mapping.as_ptr() = 9;
+        }
+        drop(mapping);
+        let bytes = std::fs::read(&path).unwrap();
+        assert_eq!(
+            (bytes[page - 1], bytes[page]),
+            (7, 9),
+            "writes reach the file"
+        );
+        for (offset, len) in [(1u64, page), (0, 4 * page), (3 * page as u64, 1), (0, 0)] {
+            assert!(
+                matches!(
+                    Mapping::map_file(&path, offset, len),
+                    Err(TransferError::InvalidParams(_))
+                ),
+                "offset {offset} len {len}"
+            );
+        }
+        assert!(Mapping::map_file(&dir.join("missing"), 0, page).is_err());
+        std::fs::remove_dir_all(&dir).unwrap();
     }
 }

@@ -6,11 +6,11 @@
 //! client reconnects on the next call.
 
 use mooncake_common::{ClientStatus, Segment, SegmentId};
-use mooncake_transfer::SegmentOptions;
+use mooncake_transfer::{MemoryHandle, SegmentOptions};
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use super::addressing::segment_base;
+use super::addressing::{segment_base, MAX_SEGMENT_BYTES};
 use super::verify::verify_restored;
 use super::{Inner, MountedSegment, StoreClient, StoreError};
 
@@ -18,15 +18,53 @@ impl StoreClient {
     /// Allocates `size_bytes` of shareable memory and mounts it at the master.
     pub async fn mount_segment(&self, size_bytes: u64) -> Result<Segment, StoreError> {
         self.check_open()?;
-        let inner = &self.inner;
         let len = usize::try_from(size_bytes)
-            .map_err(|_| StoreError::InvalidParams("segment too large".to_string()))?;
-        let memory = inner
+            .ok()
+            .filter(|_| size_bytes <= MAX_SEGMENT_BYTES)
+            .ok_or_else(|| StoreError::InvalidParams("segment too large".to_string()))?;
+        let memory = self
+            .inner
             .engine
             .allocate_segment(len, SegmentOptions::default())?;
-        let base = segment_base(memory.id()).ok_or_else(|| {
-            StoreError::InvalidParams(format!("segment id {} out of range", memory.id()))
-        })?;
+        self.mount_memory(memory, size_bytes).await
+    }
+
+    /// Maps `size_bytes` of the file at `path` from `offset` (a multiple of the page size; a
+    /// file in /dev/shm, or any file) and mounts them as a segment. Peers reach it over TCP
+    /// (a file cannot be sealed against shrinking, so it is not handed to same-host peers).
+    /// The file must keep its size while mounted.
+    pub async fn mount_file_segment(
+        &self,
+        path: &std::path::Path,
+        offset: u64,
+        size_bytes: u64,
+    ) -> Result<Segment, StoreError> {
+        self.check_open()?;
+        let len = usize::try_from(size_bytes)
+            .ok()
+            .filter(|_| size_bytes <= MAX_SEGMENT_BYTES)
+            .ok_or_else(|| StoreError::InvalidParams("segment too large".to_string()))?;
+        let memory = self.inner.engine.map_file_segment(path, offset, len)?;
+        self.mount_memory(memory, size_bytes).await
+    }
+
+    /// Mounts registered segment memory at the master under a new segment id.
+    async fn mount_memory(
+        &self,
+        memory: MemoryHandle,
+        size_bytes: u64,
+    ) -> Result<Segment, StoreError> {
+        let inner = &self.inner;
+        let base = match segment_base(memory.id()) {
+            Some(base) => base,
+            None => {
+                let _ = inner.engine.unregister(memory.id());
+                return Err(StoreError::InvalidParams(format!(
+                    "segment id {} out of range",
+                    memory.id()
+                )));
+            }
+        };
         let endpoint = inner.engine.endpoint();
         let segment = Segment {
             id: SegmentId::random(),
@@ -50,6 +88,63 @@ impl StoreClient {
             segment: segment.clone(),
         });
         Ok(segment)
+    }
+
+    /// Unmounts this client's segments `ids` (objects stored only there are gone at once, or
+    /// after `grace` during which they stay readable and nothing new is placed there), then
+    /// frees their memory (after the grace period). Every id is tried; returns the first error
+    /// (`InvalidParams` for an id that is not a segment of this client).
+    pub async fn unmount_segments(
+        &self,
+        ids: &[SegmentId],
+        grace: Duration,
+    ) -> Result<(), StoreError> {
+        self.check_open()?;
+        let inner = &self.inner;
+        let mut first_error = None;
+        for id in ids {
+            let mounted = {
+                let mut segments = inner.segments.lock();
+                segments
+                    .iter()
+                    .position(|s| s.segment.id == *id)
+                    .map(|i| segments.remove(i))
+            };
+            let Some(mounted) = mounted else {
+                first_error.get_or_insert(StoreError::InvalidParams(format!(
+                    "{id} is not a segment of this client"
+                )));
+                continue;
+            };
+            let answer = if grace.is_zero() {
+                inner.master.unmount_segment(*id, inner.client_id).await
+            } else {
+                let ms = u64::try_from(grace.as_millis()).unwrap_or(u64::MAX);
+                inner
+                    .master
+                    .graceful_unmount_segment(*id, inner.client_id, ms)
+                    .await
+            };
+            if let Err(error) = answer {
+                // Still mounted at the master: keep serving it.
+                inner.segments.lock().push(mounted);
+                first_error.get_or_insert(error.into());
+                continue;
+            }
+            if grace.is_zero() {
+                let _ = inner.engine.unregister(mounted.memory.id());
+            } else {
+                // Readers may still come during the grace period: serve them until it ends.
+                let weak = std::sync::Arc::downgrade(&self.inner);
+                tokio::spawn(async move {
+                    tokio::time::sleep(grace).await;
+                    if let Some(inner) = weak.upgrade() {
+                        let _ = inner.engine.unregister(mounted.memory.id());
+                    }
+                });
+            }
+        }
+        first_error.map_or(Ok(()), Err)
     }
 
     /// Sends one heartbeat now; re-mounts every segment when the master asks for it.

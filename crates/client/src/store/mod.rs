@@ -32,19 +32,25 @@ mod endpoints;
 mod error;
 mod heartbeat;
 mod metadata;
+mod ranges;
 mod read;
+mod sessions;
 mod verify;
 mod write;
 
 pub use error::StoreError;
+pub use mooncake_transfer::local_host_id;
+pub use mooncake_transfer::memory::Access;
+pub use ranges::{RangeRead, RangeWrite};
 pub use verify::VerifyReport;
 
 use mooncake_common::{ClientId, Segment};
 use mooncake_rpc::ClientConfig;
 use mooncake_transfer::{MemoryHandle, TransferConfig, TransferEngine, TransportMode};
 use parking_lot::Mutex;
-use std::collections::HashMap;
+use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
+use std::ops::RangeInclusive;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -72,8 +78,10 @@ pub struct StoreConfig {
     pub local_hostname: String,
     /// Bytes of memory this client contributes to the cluster (0 = none: a pure requester).
     pub global_segment_size: u64,
-    /// Accepted for compatibility with upstream's setup. Puts and gets use the caller's memory in
-    /// place, so this does not cap object sizes; it is reserved for buffer-returning APIs.
+    /// The largest object a call may read or write in memory that is not inside a registered
+    /// buffer (upstream stages such calls through an arena of this size; we use the caller's
+    /// memory in place and keep the cap, see `check_staging`). `u64::MAX` (the default) caps
+    /// nothing; 0 allows only registered memory.
     pub local_buffer_size: u64,
     /// `"tcp"` (the only protocol; same-host peers still use shared memory unless
     /// `transport` says otherwise).
@@ -86,6 +94,9 @@ pub struct StoreConfig {
     pub verify_checksums: bool,
     /// Ping period (upstream: 1 s).
     pub heartbeat_interval: Duration,
+    /// Ports the transfer server tries, in random order, when `local_hostname` names none
+    /// (upstream's client range 12300–14300); `None` lets the kernel pick any free port.
+    pub auto_port_range: Option<RangeInclusive<u16>>,
     /// Master RPC settings (timeouts, busy polling).
     pub rpc: ClientConfig,
     /// Transfer engine settings (bind address and advertised host are derived from
@@ -99,12 +110,13 @@ impl Default for StoreConfig {
             master_addr: "127.0.0.1:50051".to_string(),
             local_hostname: "127.0.0.1".to_string(),
             global_segment_size: 16 << 20,
-            local_buffer_size: 16 << 20,
+            local_buffer_size: u64::MAX,
             protocol: "tcp".to_string(),
             transport: TransportMode::Auto,
             tenant: String::new(),
             verify_checksums: true,
             heartbeat_interval: Duration::from_secs(1),
+            auto_port_range: Some(AUTO_PORT_MIN..=AUTO_PORT_MAX),
             rpc: ClientConfig::default(),
             transfer: TransferConfig::default(),
         }
@@ -129,6 +141,10 @@ pub struct StoreStats {
     pub verified_replicas: AtomicU64,
     /// Restored replicas whose bytes did not match (the master dropped them).
     pub mismatched_replicas: AtomicU64,
+    /// Reads of LOCAL_DISK replicas served by the client that owns them (upstream's offload
+    /// RPC). This client reads memory replicas only, so it stays 0 until the SSD tier reads
+    /// land.
+    pub offload_rpc_reads: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -140,8 +156,12 @@ struct Inner {
     segments: Mutex<Vec<MountedSegment>>,
     /// Parsed endpoints of peers, by the string the master carries.
     endpoints: Mutex<EndpointCache>,
-    /// Buffers registered by the caller: start address → (length, region id).
-    user_buffers: Mutex<HashMap<usize, (usize, u64)>>,
+    /// Buffers registered by the caller (or allocated for it): start address → registration.
+    user_buffers: Mutex<BTreeMap<usize, buffers::Registered>>,
+    /// Memory allocated for the caller by `allocate_registered`, freed with the client.
+    pool: Mutex<Vec<MemoryHandle>>,
+    /// Open get and put sessions (`sessions.rs`).
+    sessions: sessions::Sessions,
     closed: AtomicBool,
     /// A ping answered OK at least once (a later NEED_REMOUNT means a re-join).
     was_ok: AtomicBool,
@@ -166,8 +186,25 @@ fn resolve(addr: &str) -> Result<SocketAddr, StoreError> {
         })
 }
 
+/// Upstream's client port range (`MC_STORE_CLIENT_MIN_PORT` / `MC_STORE_CLIENT_MAX_PORT`).
+pub const AUTO_PORT_MIN: u16 = 12300;
+pub const AUTO_PORT_MAX: u16 = 14300;
+/// Ports tried in the automatic range before giving up (upstream: 20 setup retries).
+const AUTO_PORT_ATTEMPTS: usize = 64;
+
+/// Where the transfer server binds and what it advertises, from `local_hostname`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+struct TransferBind {
+    /// Host peers are told (`None`: an unspecified address such as 0.0.0.0 was given, so the
+    /// engine advertises this machine's hostname).
+    advertise: Option<String>,
+    addr: SocketAddr,
+    /// True when `local_hostname` named the port.
+    port_given: bool,
+}
+
 /// Splits `local_hostname` into the host to advertise and the socket address to bind.
-fn transfer_bind(local_hostname: &str) -> Result<(String, SocketAddr), StoreError> {
+fn transfer_bind(local_hostname: &str) -> Result<TransferBind, StoreError> {
     let (host, port) = match local_hostname.rsplit_once(':') {
         Some((host, port)) if !host.contains(':') || host.starts_with('[') => {
             let port: u16 = port.parse().map_err(|_| {
@@ -177,17 +214,17 @@ fn transfer_bind(local_hostname: &str) -> Result<(String, SocketAddr), StoreErro
                 host.trim_start_matches('[')
                     .trim_end_matches(']')
                     .to_string(),
-                port,
+                Some(port),
             )
         }
-        _ => (local_hostname.to_string(), 0),
+        _ => (local_hostname.to_string(), None),
     };
     if host.is_empty() {
         return Err(StoreError::InvalidParams(
             "local_hostname is empty".to_string(),
         ));
     }
-    let bind = (host.as_str(), port)
+    let addr = (host.as_str(), port.unwrap_or(0))
         .to_socket_addrs()
         .map_err(|e| {
             StoreError::InvalidParams(format!("local_hostname {host:?} does not resolve: {e}"))
@@ -196,7 +233,47 @@ fn transfer_bind(local_hostname: &str) -> Result<(String, SocketAddr), StoreErro
         .ok_or_else(|| {
             StoreError::InvalidParams(format!("local_hostname {host:?} resolves to nothing"))
         })?;
-    Ok((host, bind))
+    Ok(TransferBind {
+        advertise: (!addr.ip().is_unspecified()).then_some(host),
+        addr,
+        port_given: port.is_some(),
+    })
+}
+
+/// Starts the transfer engine on `bind`. Without a port in `local_hostname`, tries random ports
+/// of `auto_ports` (a port another process holds is skipped) and falls back to a port the
+/// kernel picks only when the range has none free.
+fn start_engine(
+    mut transfer: TransferConfig,
+    bind: &TransferBind,
+    auto_ports: Option<&RangeInclusive<u16>>,
+) -> Result<TransferEngine, StoreError> {
+    transfer.advertise_host = bind.advertise.clone();
+    let mut addr = bind.addr;
+    if let (false, Some(range)) = (bind.port_given, auto_ports) {
+        let span = u32::from(*range.end()).saturating_sub(u32::from(*range.start())) + 1;
+        if !range.is_empty() {
+            for _ in 0..AUTO_PORT_ATTEMPTS {
+                let port = range.start() + (rand::random::<u32>() % span) as u16;
+                addr.set_port(port);
+                transfer.tcp_bind_addr = addr;
+                match TransferEngine::start(transfer.clone()) {
+                    Ok(engine) => return Ok(engine),
+                    Err(mooncake_transfer::TransferError::Io(message))
+                        if message.starts_with("bind ") => {}
+                    Err(other) => return Err(other.into()),
+                }
+            }
+            tracing::warn!(
+                "no free port in {}..={} after {AUTO_PORT_ATTEMPTS} tries: binding any port",
+                range.start(),
+                range.end()
+            );
+        }
+        addr.set_port(0);
+    }
+    transfer.tcp_bind_addr = addr;
+    Ok(TransferEngine::start(transfer)?)
 }
 
 impl StoreClient {
@@ -216,12 +293,10 @@ impl StoreClient {
             )));
         }
         let master_addr = resolve(&config.master_addr)?;
-        let (host, bind) = transfer_bind(&config.local_hostname)?;
+        let bind = transfer_bind(&config.local_hostname)?;
         let mut transfer = config.transfer.clone();
-        transfer.tcp_bind_addr = bind;
-        transfer.advertise_host = Some(host);
         transfer.transport = config.transport;
-        let engine = TransferEngine::start(transfer)?;
+        let engine = start_engine(transfer, &bind, config.auto_port_range.as_ref())?;
         let master = MasterClient::new(master_addr, config.rpc.clone());
         master.service_ready().await?;
         let inner = Arc::new(Inner {
@@ -230,7 +305,9 @@ impl StoreClient {
             client_id: ClientId::random(),
             segments: Mutex::new(Vec::new()),
             endpoints: Mutex::new(EndpointCache::default()),
-            user_buffers: Mutex::new(HashMap::new()),
+            user_buffers: Mutex::new(BTreeMap::new()),
+            pool: Mutex::new(Vec::new()),
+            sessions: sessions::Sessions::default(),
             closed: AtomicBool::new(false),
             was_ok: AtomicBool::new(false),
             verify_pending: AtomicBool::new(false),
@@ -282,6 +359,11 @@ impl StoreClient {
     /// `mooncake_rpc::ClientConfig::poll_policy`) and the callers' own reads.
     pub fn master_poll_stats(&self) -> mooncake_rpc::PollStats {
         self.inner.master.poll_stats()
+    }
+
+    /// Peer segments this client has mapped over shared memory (same-host transfers).
+    pub fn shm_mapped_segments(&self) -> usize {
+        self.inner.engine.shm_mapped_segments()
     }
 
     /// The segments this client contributed.
@@ -336,6 +418,8 @@ impl StoreClient {
         if let Some(task) = self.heartbeat.lock().take() {
             task.abort();
         }
+        // Half-written objects of open put sessions must not stay reserved at the master.
+        self.revoke_all_put_sessions().await;
         let segments: Vec<MountedSegment> = std::mem::take(&mut *self.inner.segments.lock());
         let mut first_error = None;
         for mounted in segments {

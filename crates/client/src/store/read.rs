@@ -23,7 +23,7 @@ use super::{checksum_of, StoreClient, StoreError};
 type PendingRead = (Vec<u8>, usize, GetReplicaListResponse);
 
 /// One read of a batch: `(tag, destination address, length, replica)`.
-type PlannedRead = (usize, usize, usize, ReplicaDescriptor);
+pub(super) type PlannedRead = (usize, usize, usize, ReplicaDescriptor);
 
 impl StoreClient {
     /// Reads the object stored under `key`.
@@ -36,6 +36,8 @@ impl StoreClient {
             .get_replica_list(key, self.tenant())
             .await?;
         let size = object_size(key, &response)?;
+        // The object lands in memory this client allocates: the local_buffer_size cap applies.
+        self.check_staging(std::iter::empty(), size)?;
         let len = usize::try_from(size)
             .map_err(|_| StoreError::InvalidParams("object too large".into()))?;
         // No zero fill: the transfer writes every byte, and the length is set only after it did.
@@ -65,6 +67,10 @@ impl StoreClient {
                 object_bytes: size,
             });
         }
+        self.check_staging(
+            std::iter::once((buffer.as_ptr() as usize, size as usize)),
+            size,
+        )?;
         let destination = &mut buffer[..size as usize];
         match self.read_into(key, &response, asked, destination).await {
             Err(StoreError::Transfer(TransferError::Overlap { .. })) => {
@@ -89,6 +95,7 @@ impl StoreClient {
             .into_iter()
             .map(|entry| {
                 let (size, response) = entry?;
+                self.check_staging(std::iter::empty(), size)?;
                 let len = usize::try_from(size)
                     .map_err(|_| StoreError::InvalidParams("object too large".into()))?;
                 // Filled by the transfer; its length is set only once every byte was written.
@@ -183,6 +190,8 @@ impl StoreClient {
                         object_bytes: size,
                     });
                 }
+                let addr = buffer.as_ref().map_or(0, |b| b.as_ptr() as usize);
+                self.check_staging(std::iter::once((addr, size as usize)), size)?;
                 Ok((size, response))
             })
             .collect();
@@ -235,7 +244,7 @@ impl StoreClient {
 
     /// Preference order of readable replicas: ascending [`replica_rank`], ties in the master's
     /// order.
-    fn replica_order(&self, replicas: &[ReplicaDescriptor]) -> Vec<usize> {
+    pub(super) fn replica_order(&self, replicas: &[ReplicaDescriptor]) -> Vec<usize> {
         let me = self.inner.engine.endpoint();
         let mut ranked: Vec<(u8, usize)> = replicas
             .iter()
@@ -263,7 +272,7 @@ impl StoreClient {
     }
 
     /// One master round trip for a batch read: each key's size and replicas, in key order.
-    async fn locate_batch(
+    pub(super) async fn locate_batch(
         &self,
         keys: &[&str],
     ) -> Result<Vec<Result<(u64, GetReplicaListResponse), StoreError>>, StoreError> {
@@ -377,7 +386,7 @@ impl StoreClient {
     }
 
     /// Reads each `(tag, destination address, length, replica)` in one transfer batch.
-    async fn read_planned(
+    pub(super) async fn read_planned(
         &self,
         plan: &[PlannedRead],
     ) -> HashMap<usize, Result<Option<u32>, StoreError>> {

@@ -99,6 +99,8 @@ impl StoreClient {
         let inner = &self.inner;
         let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
+        // Refused before the master hears of it: nothing is reserved, no key left behind.
+        self.check_staging(parts.iter().map(|p| (p.as_ptr() as usize, p.len())), total)?;
         let replicas = match master
             .write_start(mode, client, key, total, config, tenant)
             .await
@@ -146,22 +148,45 @@ impl StoreClient {
         let inner = &self.inner;
         let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
         let keys: Vec<String> = items.iter().map(|(k, _)| k.to_string()).collect();
-        let lens: Vec<u64> = items.iter().map(|(_, v)| v.len() as u64).collect();
-        let started = match master
-            .batch_write_start(mode, client, keys.clone(), lens, config, tenant)
-            .await
-        {
-            Ok(started) if started.len() == items.len() => started,
-            Ok(_) => {
-                let e =
-                    StoreError::InvalidParams("master answered a batch of the wrong length".into());
-                return items.iter().map(|_| Err(e.clone())).collect();
-            }
-            Err(error) => return items.iter().map(|_| Err(error.clone().into())).collect(),
-        };
         let mut results: Vec<Option<Result<PutOutcome, StoreError>>> = vec![None; items.len()];
+        // Items over the local_buffer_size cap are refused before the master hears of them.
+        let mut asked = Vec::with_capacity(items.len());
+        for (i, (_, value)) in items.iter().enumerate() {
+            let range = (value.as_ptr() as usize, value.len());
+            match self.check_staging(std::iter::once(range), value.len() as u64) {
+                Ok(()) => asked.push(i),
+                Err(error) => results[i] = Some(Err(error)),
+            }
+        }
+        let asked_keys: Vec<String> = asked.iter().map(|&i| keys[i].clone()).collect();
+        let lens: Vec<u64> = asked.iter().map(|&i| items[i].1.len() as u64).collect();
+        let started = if asked.is_empty() {
+            Vec::new()
+        } else {
+            match master
+                .batch_write_start(mode, client, asked_keys, lens, config, tenant)
+                .await
+            {
+                Ok(started) if started.len() == asked.len() => started,
+                Ok(_) => {
+                    let e = StoreError::InvalidParams(
+                        "master answered a batch of the wrong length".into(),
+                    );
+                    for &i in &asked {
+                        results[i] = Some(Err(e.clone()));
+                    }
+                    Vec::new()
+                }
+                Err(error) => {
+                    for &i in &asked {
+                        results[i] = Some(Err(error.clone().into()));
+                    }
+                    Vec::new()
+                }
+            }
+        };
         let mut to_write = Vec::new();
-        for (i, start) in started.into_iter().enumerate() {
+        for (&i, start) in asked.iter().zip(started) {
             match start {
                 Ok(replicas) => to_write.push((i, replicas)),
                 Err(ErrorCode::OBJECT_ALREADY_EXISTS) if mode == WriteMode::Put => {
