@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # One same-machine, same-hour comparison with upstream for BENCHMARKS.md:
-#   1. upstream's wheel and master, through ../shared/bench/peer/run_upstream.sh (its venv must
-#      exist: see ../shared/bench/peer/README.md, or run that script once with --setup);
+#   1. upstream's wheel and master, through run_upstream.sh of upstream's benchmark
+#      harness (PEER_DIR; not part of this repository; its venv must exist, or run it once with --setup);
 #   2. `mooncake bench store` (default transport, then --transport tcp) with --upstream pointing
 #      at the table of step 1, so every row carries ours ÷ upstream's ops/s;
 #   3. upstream again, so a drift of the machine between the passes shows.
@@ -9,7 +9,7 @@
 # env: SECONDS_PER_CASE (default 3), passed to both benches.
 set -euo pipefail
 ROOT="$(cd "$(dirname "$0")/.." && pwd)"
-PEER="${PEER_DIR:-$ROOT/../shared/bench/peer}"
+PEER="${PEER_DIR:?set PEER_DIR to the directory of the upstream benchmark harness (upstream_bench.py, run_upstream.sh)}"
 OUT="${1:-$ROOT/target/bench-vs-upstream/$(date -u +%Y%m%dT%H%M%SZ)}"
 SECS="${SECONDS_PER_CASE:-3}"
 mkdir -p "$OUT"

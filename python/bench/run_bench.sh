@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
-# Runs ../shared/bench/peer/upstream_bench.py unchanged against a mooncake-rs master with
+# Runs upstream's benchmark harness (upstream_bench.py; not part of this repository: PEER_DIR
+# names its directory) unchanged against a mooncake-rs master with
 # `--module mooncake_rs.store`, and (if its venv exists) upstream's wheel against upstream's
 # master right after, on the same machine; writes both tables to $OUT (default python/bench/results).
 # usage: run_bench.sh [--no-upstream] [-- extra upstream_bench.py args]
 # env: VENV (ours, default python/.venv, built by run_tests.sh), UPSTREAM_VENV (default
-#      ${TMPDIR:-/tmp}/mc-venv, see shared/bench/peer/README.md), SECONDS_PER_CASE (default 3)
+#      ${TMPDIR:-/tmp}/mc-venv, see the harness's README), SECONDS_PER_CASE (default 3)
 set -u
 HERE="$(cd "$(dirname "$0")" && pwd)"
 ROOT="$(cd "$HERE/../.." && pwd)"
-PEER="${PEER_DIR:-$ROOT/../shared/bench/peer}"
+PEER="${PEER_DIR:?set PEER_DIR to the directory of the upstream benchmark harness (upstream_bench.py, run_upstream.sh)}"
 VENV="${VENV:-$HERE/../.venv}"
 UPSTREAM_VENV="${UPSTREAM_VENV:-${TMPDIR:-/tmp}/mc-venv}"
 OUT="${OUT:-$HERE/results}"

@@ -412,7 +412,7 @@ async fn upsert_replaces_in_place_and_with_a_new_size() {
         Some(ErrorCode::NO_AVAILABLE_HANDLE),
         "{err}"
     );
-    // As upstream (spec/master.md, UpsertStart "different size"), the old replicas are discarded
+    // As upstream (UpsertStart with a different size), the old replicas are discarded
     // before the new allocation, so a size-changing upsert that cannot allocate loses the key.
     assert_eq!(
         reader.get("n").await.unwrap_err().master_code(),

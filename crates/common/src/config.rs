@@ -37,7 +37,7 @@ pub type DataType = u8;
 pub const DATA_TYPE_UNKNOWN: DataType = 0;
 
 /// How a put wants its object replicated and pinned. Every field and default is upstream's
-/// (spec/master.md §1).
+/// (as upstream's master).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 #[serde(default)]
 pub struct ReplicateConfig {

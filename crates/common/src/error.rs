@@ -1,7 +1,7 @@
 //! Upstream Mooncake's error codes, with their names and numbers.
 //!
 //! Python callers and logs see these numbers, so they must never change. The list is the one in
-//! `spec/master.md` §15 (upstream `rpc_types`/`types.h`).
+//! upstream's `rpc_types`/`types.h`.
 
 use crate::numbered::{upstream_serde, Repr, UpstreamNumber};
 

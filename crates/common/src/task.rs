@@ -1,4 +1,4 @@
-//! Copy/move tasks and replication responses (spec/master.md §9, §12).
+//! Copy/move tasks and replication responses (as upstream's master).
 
 use serde::{Deserialize, Serialize};
 

@@ -1,4 +1,4 @@
-//! Client liveness bookkeeping (spec/master.md §6): the bounded ping queue and the per-client
+//! Client liveness bookkeeping (as upstream's master): the bounded ping queue and the per-client
 //! deadlines. Plain data with its own locks (leaves of the lock order); what an expiry does to the
 //! segments and objects is `liveness.rs`.
 //!

@@ -1,4 +1,4 @@
-//! The master core's settings, with upstream's defaults (spec/master.md §14).
+//! The master core's settings, with upstream's defaults (as upstream's master).
 //!
 //! The server crate parses flags and files; this struct is what the state machine needs.
 
@@ -27,11 +27,11 @@ pub struct MasterServiceConfig {
     pub allocation_strategy: AllocationStrategy,
     /// Multi-tenancy (false: every key lives in `default`, whatever tenant the caller names).
     pub enable_multi_tenants: bool,
-    /// Client liveness TTL (10 s). Used by the client monitor (Master core II).
+    /// Client liveness TTL (10 s). Used by the client monitor.
     pub client_live_ttl_sec: u64,
-    /// Eviction step (0.05). Used by eviction (Master core II).
+    /// Eviction step (0.05). Used by eviction.
     pub eviction_ratio: f64,
-    /// Eviction trigger (0.90). Used by eviction (Master core II).
+    /// Eviction trigger (0.90). Used by eviction.
     pub eviction_high_watermark_ratio: f64,
 }
 

@@ -1,4 +1,4 @@
-//! Memory eviction (spec/master.md §8, with victims ordered by **last access**, DESIGN.md §4).
+//! Memory eviction (as upstream's, with victims ordered by **last access**: docs/master.md "Eviction").
 //!
 //! One cycle ([`MasterService::run_eviction_once`], called every 10 ms by the server):
 //! 1. Trigger: `usage = Σ used / Σ capacity` over mounted segments; run if `usage > high

@@ -24,7 +24,7 @@ use crate::segments::SegmentManager;
 use crate::tasks::TaskManager;
 use crate::unverified::Unverified;
 
-/// Longest key accepted (bytes). Upstream has no limit; we bound it (STYLE.md "bound everything").
+/// Longest key accepted (bytes). Upstream has no limit; we bound it (every input is bounded).
 pub const MAX_KEY_LEN_BYTES: usize = 4096;
 /// Longest regex pattern accepted (bytes).
 pub const MAX_REGEX_LEN_BYTES: usize = 4096;

@@ -1,4 +1,4 @@
-//! The sharded object index (spec/master.md §3).
+//! The sharded object index (as upstream's master).
 //!
 //! 1024 shards, each an `RwLock` over `tenant → key → object`, plus 4096 stripe mutexes that
 //! serialize PutStart on one key. One 64-bit hash of `(tenant, key)` routes everything: bits

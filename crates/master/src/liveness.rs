@@ -1,4 +1,4 @@
-//! Client liveness RPCs (spec/master.md §6): Ping and the monitor step that unmounts the segments
+//! Client liveness RPCs (as upstream's master): Ping and the monitor step that unmounts the segments
 //! of clients that stopped pinging, over the [`crate::clients::ClientMonitor`].
 //!
 //! [`MasterService::run_client_monitor_once`] drains the ping queue into `deadline = now +

@@ -18,7 +18,7 @@ use crate::allocator::BufferHandle;
 #[derive(Debug)]
 pub(crate) enum ReplicaData {
     Memory(BufferHandle),
-    #[allow(dead_code)] // NoF is optional (spec §0); kept so the enum matches the wire kinds.
+    #[allow(dead_code)] // NoF is optional; kept so the enum matches the wire kinds.
     NoF(BufferHandle),
     #[allow(dead_code)]
     Disk(Box<DiskDescriptor>),
@@ -192,7 +192,7 @@ pub(crate) struct ObjectMetadata {
     pub put_start_ms: u64,
     /// Read lease end (ms on the master clock); 0 = never leased. Grants only raise it.
     pub lease_timeout_ms: AtomicU64,
-    /// Last completed write or successful read (ms); eviction order (Master core II).
+    /// Last completed write or successful read (ms); eviction order.
     pub last_access_ms: AtomicU64,
     /// Soft-pin deadline (ms); 0 = not pinned.
     pub soft_pin_deadline_ms: u64,

@@ -1,4 +1,4 @@
-//! Soft-pin expiry (spec/master.md §8): a put with ENABLE and a TTL gets its deadline when its
+//! Soft-pin expiry (as upstream's master): a put with ENABLE and a TTL gets its deadline when its
 //! first replica completes ([`MasterService::push_soft_pin`]); [`MasterService::run_soft_pin_expiry_once`]
 //! clears the pins whose deadline has passed. The deadline is durable state (in the object's
 //! record); the heap is derived from it. Expiry is also checked lazily wherever a pin matters

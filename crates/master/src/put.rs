@@ -1,4 +1,4 @@
-//! PutStart and its batch (spec/master.md §5, §7), shared with UpsertStart (`upsert.rs`).
+//! PutStart and its batch (as upstream's master), shared with UpsertStart (`upsert.rs`).
 //!
 //! One start runs in phases, under the key's stripe: [`MasterService::validate_put`] (upstream's
 //! checks and order), [`MasterService::settle_existing`] (a live key is refused or pre-empted, an
@@ -94,7 +94,7 @@ impl MasterService {
         if c.dfs_replica_num > 0 && tenant != Tenant::Default {
             return Err(ErrorCode::INVALID_PARAMS);
         }
-        // This build has no NoF support (optional in spec §0): any NoF request is refused, as
+        // This build has no NoF support (optional upstream): any NoF request is refused, as
         // upstream refuses it without USE_NOF.
         if c.nof_replica_num > 0 {
             return Err(ErrorCode::INVALID_PARAMS);

@@ -1,4 +1,4 @@
-//! PutEnd / PutRevoke and their batches (spec/master.md §5, §7); UpsertEnd and UpsertRevoke are
+//! PutEnd / PutRevoke and their batches (as upstream's master); UpsertEnd and UpsertRevoke are
 //! the same calls. Both go through the write seam (`seam.rs`): existence, then the writer, then
 //! the state.
 

@@ -1,6 +1,6 @@
 //! The put path's clean-up: the discarded list (buffers of pre-empted or timed-out puts, kept
 //! allocated until their release time so that a late write from the old writer cannot land in
-//! reused memory) and the put-timeout reaper (spec/master.md §5).
+//! reused memory) and the put-timeout reaper (as upstream's master).
 
 use mooncake_common::ReplicaStatus;
 

@@ -1,4 +1,4 @@
-//! Tenants and quota (spec/master.md §10).
+//! Tenants and quota (as upstream's master).
 //!
 //! With multi-tenancy on, a tenant may write only when a policy names it. The policy is YAML
 //! (`version: 1`, `tenants: [{name, quota}]`, quota a positive integer with an optional unit

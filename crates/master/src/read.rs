@@ -1,5 +1,5 @@
 //! Reads: GetReplicaList (+ batch, + regex), ExistKey (+ batch), GetAllKeys, and the lease they
-//! grant (spec/master.md §5, §7). Reads take shard **read** locks only; the lease and last-access
+//! grant (as upstream's master). Reads take shard **read** locks only; the lease and last-access
 //! time are atomics, so concurrent readers of one shard never wait for each other.
 
 use std::collections::HashMap;

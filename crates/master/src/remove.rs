@@ -1,4 +1,4 @@
-//! Removals: Remove (+ batch, + regex), RemoveAll, BatchReplicaClear (spec/master.md §7).
+//! Removals: Remove (+ batch, + regex), RemoveAll, BatchReplicaClear (as upstream's master).
 //!
 //! Every removal first drops replicas on dead segments (lazy cleanup); an object left invalid is
 //! erased and reported as OBJECT_NOT_FOUND. Remove's checks, in upstream's order: missing →

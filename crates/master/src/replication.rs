@@ -1,4 +1,4 @@
-//! CopyStart/End/Revoke and MoveStart/End/Revoke (spec/master.md §9).
+//! CopyStart/End/Revoke and MoveStart/End/Revoke (as upstream's master).
 //!
 //! A start records one task on the object (at most one per object), pins the source replica
 //! (`refcnt += 1`: eviction, Remove and Upsert leave it alone) and appends PROCESSING targets

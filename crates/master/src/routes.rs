@@ -1,4 +1,4 @@
-//! Group routing (spec/master.md §7, groups): a key put with a group id lives in the shard of
+//! Group routing (as upstream's groups): a key put with a group id lives in the shard of
 //! its group, and this index (scoped key → group hash) tells every key-based call where to look.
 //!
 //! Invariant, kept by PutStart/UpsertStart under the key's stripe lock: a key with a route lives

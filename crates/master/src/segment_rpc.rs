@@ -1,4 +1,4 @@
-//! The segment RPCs (spec/master.md §4) over the segment manager (`segments.rs`): mount,
+//! The segment RPCs (as upstream's master) over the segment manager (`segments.rs`): mount,
 //! remount, unmount, graceful unmount and its deadline step, drain status, status queries, and
 //! the unmount sweep (`clear_invalid_handles`). Each state change is observed under the segment
 //! manager's write lock (`SegmentMounted`, `SegmentStatus`, `GracefulUnmount`, `SegmentUnmounted`).

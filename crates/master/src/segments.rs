@@ -1,5 +1,5 @@
 //! The segment manager: mounted segments, their statuses and allocators, client ownership, and the
-//! set of allocators placement may use (spec/master.md §4).
+//! set of allocators placement may use (as upstream's master).
 //!
 //! One `RwLock` guards it all. It is never held while metadata shards are walked: unmount is
 //! prepare (under the lock) → sweep the shards (without it) → commit (under it), driven by the

@@ -1,4 +1,4 @@
-//! Replica placement: which segments a put's memory replicas go to (spec/master.md §4).
+//! Replica placement: which segments a put's memory replicas go to (as upstream's master).
 //!
 //! Rules shared by every strategy: one object's replicas always go to **distinct segment names**;
 //! only OK segments are candidates (the [`AllocatorSet`] holds nothing else); explicit preferred

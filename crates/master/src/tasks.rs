@@ -1,4 +1,4 @@
-//! The client-executed copy/move task queue (spec/master.md §9) as plain data: task records,
+//! The client-executed copy/move task queue (as upstream's master) as plain data: task records,
 //! per-client pending queues, limits and timeouts. The RPCs over it are `tasks_rpc.rs`.
 //!
 //! A task is queued for the client that owns the source segment; that client fetches it

@@ -1,4 +1,4 @@
-//! The task-queue RPCs (spec/master.md §9): CreateCopyTask, CreateMoveTask, FetchTasks,
+//! The task-queue RPCs (as upstream's master): CreateCopyTask, CreateMoveTask, FetchTasks,
 //! MarkTaskToComplete, QueryTask and the cleanup step, over the [`crate::tasks::TaskManager`].
 //! The queue is not durable state (see `mutation.rs`): a task lost with the master times out on
 //! the caller's side and is created again; a copy or move already started lives in its object.

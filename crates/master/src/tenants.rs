@@ -1,4 +1,4 @@
-//! Tenant RPCs and quota administration (spec/master.md §10) over the quota table (`quota.rs`).
+//! Tenant RPCs and quota administration (as upstream's master) over the quota table (`quota.rs`).
 //!
 //! Everything here is pure: a policy change is applied in memory and observed as `TenantPolicy`
 //! under the quota table's write lock. Persisting the policy is the caller's business: the server

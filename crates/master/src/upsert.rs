@@ -1,4 +1,4 @@
-//! UpsertStart / UpsertEnd / UpsertRevoke and their batches (spec/master.md §7).
+//! UpsertStart / UpsertEnd / UpsertRevoke and their batches (as upstream's master).
 //!
 //! UpsertStart is validated as PutStart and, for a key that does not exist, is a PutStart. For
 //! an existing key: a group change → INVALID_PARAMS; a copy/move task →

@@ -1,4 +1,4 @@
-//! Copy, Move and the client-executed task queue (spec §9), and their interplay with eviction,
+//! Copy, Move and the client-executed task queue, and their interplay with eviction,
 //! removal and upsert (invariant 3: `refcnt > 0` sources are never evicted).
 #![allow(clippy::unwrap_used)]
 

@@ -1,4 +1,4 @@
-//! Prefix-hit rate of the master's eviction (by last access, DESIGN.md §4) on a multi-turn
+//! Prefix-hit rate of the master's eviction (by last access) on a multi-turn
 //! conversation workload, against an ideal LRU of the same capacity computed offline.
 //!
 //! Workload: sessions with Zipf(1.0) popularity; each turn of a session extends its block chain
@@ -137,7 +137,7 @@ fn prefix_hit_rate_is_at_least_95_percent_of_an_ideal_lru() {
         distinct.len()
     );
 
-    // Small eviction steps close to the top (DESIGN.md §4); a short lease so that reads of the
+    // Small eviction steps close to the top; a short lease so that reads of the
     // last ~50 turns, not the whole store, are protected.
     let small_steps = MasterServiceConfig {
         eviction_high_watermark_ratio: 0.98,

@@ -1,4 +1,4 @@
-//! The invariants of spec/master.md §16 that Master core I covers (1, 2, 4, 5, 6, 8, 10), each as
+//! The invariants of upstream's master that the core covers (1, 2, 4, 5, 6, 8, 10), each as
 //! a named test, plus the secondary tests in scope. Time moves only through the manual clock.
 #![allow(clippy::unwrap_used)]
 

@@ -1,4 +1,4 @@
-//! Client liveness (spec §6, invariant 7) and eviction (spec §8, invariant 3, DESIGN.md §4).
+//! Client liveness and eviction (upstream's invariants 7 and 3).
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -1,4 +1,4 @@
-//! Multi-tenancy and quota (spec §10, invariant 9).
+//! Multi-tenancy and quota (upstream's invariant 9).
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -1,4 +1,4 @@
-//! Upsert (spec §7) and group routing (spec §3, §5).
+//! Upsert and group routing.
 #![allow(clippy::unwrap_used)]
 
 mod common;

@@ -1,4 +1,4 @@
-//! The HTTP admin and metrics endpoints (spec/master.md §13) on the metrics port, and the optional
+//! The HTTP admin and metrics endpoints (as upstream's master) on the metrics port, and the optional
 //! `/metadata?key=` store on its own port.
 //!
 //! Error bodies are `{"success":false,"error_code":<int>,"error_message":<name>}` with upstream's

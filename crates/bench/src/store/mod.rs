@@ -1,5 +1,5 @@
 //! `mooncake bench` / `mooncake bench store`: the cases of upstream's `upstream_bench.py`
-//! (../shared/bench/peer/) against a `mooncake master` child process this command starts, with
+//! (upstream's harness, not in this repository) against a `mooncake master` child process this command starts, with
 //! the same columns, plus a 32-byte TCP ping-pong between two processes measured in the same run
 //! as the floor under every round trip.
 //!
@@ -82,7 +82,7 @@ pub struct Args {
     pub no_checksums: bool,
     #[command(flatten)]
     pub copy: CopyTuning,
-    /// Upstream's table (e.g. ../shared/bench/peer/reference/upstream_results.txt): adds a
+    /// Upstream's table (the reference table of upstream's harness): adds a
     /// column with our ops/s divided by upstream's for the same case and value.
     #[arg(long)]
     pub upstream: Option<String>,
