@@ -38,8 +38,10 @@ impl MasterService {
         }
         self.counters.count_discard();
         let mut list = self.discarded.lock();
+        // The segment lock is held until the record is observed, not only while it is built: an
+        // unmount observed in between would otherwise precede a record of buffers on its segment.
+        let segs = self.segments.inner.read();
         self.emit(|| {
-            let segs = self.segments.inner.read();
             Mutation::Discarded(DiscardedRecord {
                 release_at_ms,
                 buffers: buffers
@@ -54,6 +56,7 @@ impl MasterService {
                     .collect(),
             })
         });
+        drop(segs);
         list.entries.push(DiscardedBuffers {
             release_at_ms,
             buffers,

@@ -24,6 +24,8 @@ use mooncake_common::{ClientId, ManualClock, ObjectMeta, ReplicaType, SegmentId}
 use mooncake_master::{MasterService, Mutation, MutationObserver};
 
 const RUN_FOR: Duration = Duration::from_millis(2_500);
+const MIN_OPS: u64 = 1_000;
+const MAX_RUN: Duration = Duration::from_secs(60);
 const JOIN_TIMEOUT: Duration = Duration::from_secs(60);
 const KEYS: u64 = 96;
 
@@ -55,10 +57,27 @@ fn assert_standby_agrees(m: &MasterService, standby: &Standby, when: &str) {
     );
     let (a, b) = (m.export_state(), standby.master.export_state());
     assert_eq!(a.objects.len(), b.objects.len(), "{when}: object count");
-    assert!(
-        a == b,
-        "{when}: the standby's export differs from the master's"
-    );
+    if a != b {
+        let first_object = a
+            .objects
+            .iter()
+            .zip(&b.objects)
+            .find(|(x, y)| x != y)
+            .map(|(x, y)| format!("master {x:#?}\nstandby {y:#?}"));
+        panic!(
+            "{when}: the standby's export differs from the master's: objects {} (first differing: \
+             {first_object:?}), segments equal {}, discarded equal {} ({:?} vs {:?}), policy equal \
+             {}, next replica id {} vs {}",
+            a.objects == b.objects,
+            a.segments == b.segments,
+            a.discarded == b.discarded,
+            a.discarded,
+            b.discarded,
+            a.tenant_policy == b.tenant_policy,
+            a.next_replica_id,
+            b.next_replica_id,
+        );
+    }
     for s in &a.segments {
         let id = s.segment.id;
         assert_eq!(
@@ -97,8 +116,14 @@ fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
     threads.push(spawn_clock(&m, &clock, &stop, &done_tx));
     drop(done_tx);
 
+    // At least RUN_FOR, and on a starved machine longer, until the workers did MIN_OPS operations
+    // (bounded by MAX_RUN: a run that still did too little then fails below).
     let started = Instant::now();
-    std::thread::sleep(RUN_FOR);
+    while started.elapsed() < RUN_FOR
+        || (ops.load(Ordering::Relaxed) < MIN_OPS && started.elapsed() < MAX_RUN)
+    {
+        std::thread::sleep(Duration::from_millis(50));
+    }
     stop.store(true, Ordering::Relaxed);
     let mut finished = 0;
     while finished < threads.len() {
@@ -118,7 +143,7 @@ fn concurrent_put_get_remove_keeps_exact_accounting_without_deadlock() {
         t.join().expect("a stress thread panicked");
     }
     assert!(
-        ops.load(Ordering::Relaxed) > 1_000,
+        ops.load(Ordering::Relaxed) >= MIN_OPS,
         "too little work: {}",
         ops.load(Ordering::Relaxed)
     );
@@ -224,8 +249,11 @@ fn spawn_worker(
                 }
             }
             n += 1;
+            if n % 64 == 0 {
+                ops.fetch_add(64, Ordering::Relaxed);
+            }
         }
-        ops.fetch_add(n, Ordering::Relaxed);
+        ops.fetch_add(n % 64, Ordering::Relaxed);
         done.send("worker").unwrap();
     })
 }
