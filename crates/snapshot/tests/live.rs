@@ -1,6 +1,6 @@
 //! Snapshots of a live master: what `write_snapshot` streams decodes to the master's own
 //! export, and restores into a fresh master.
-#![allow(clippy::unwrap_used)]
+#![allow(clippy::unwrap_used, dead_code)]
 
 use std::sync::Arc;
 
