@@ -9,6 +9,7 @@
 
 mod master;
 pub mod pingpong;
+mod snapshot;
 mod storage;
 pub mod store;
 mod transfer;
@@ -19,6 +20,9 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Master RPC over TCP: latency next to the ping-pong floor, throughput 1–64 in flight.
     Master(master::Args),
+    /// Master snapshot in process: take time, bytes per object, restore time, and a reader's
+    /// GetReplicaList p99 during the take next to its p99 without one.
+    Snapshot(snapshot::Args),
     /// Data plane: MB/s and latency per transport next to iperf3 and memcpy.
     Transfer(transfer::Args),
     /// SSD tier: MB/s and ops/s per backend and durability policy next to raw file throughput.
@@ -50,6 +54,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Transfer(args) => transfer::run(args),
         BenchCommand::Storage(args) => storage::run(args),
         BenchCommand::Master(args) => master::run(args),
+        BenchCommand::Snapshot(args) => snapshot::run(args),
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::StorePeer(args) => store::run_peer(args),
         BenchCommand::Pingpong { spin, iterations } => {

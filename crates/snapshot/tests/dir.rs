@@ -1,0 +1,125 @@
+//! The snapshot directory: retention, temp files, and loading the newest snapshot that
+//! verifies, with the skipped files and their reasons.
+#![allow(clippy::unwrap_used)]
+
+mod live;
+
+use std::fs;
+
+use mooncake_snapshot::{EncodeOptions, SnapshotDir, SnapshotError};
+
+#[test]
+fn three_takes_with_retention_two_leave_the_two_newest() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = live::populated(50);
+    let dir = SnapshotDir::open(tmp.path(), 2).unwrap();
+    let reports: Vec<_> = (0..3)
+        .map(|i| dir.take(&m, i, &EncodeOptions::default()).unwrap())
+        .collect();
+    assert!(reports.iter().all(|r| r.objects == 50 && r.bytes > 0));
+    assert!(reports.windows(2).all(|w| w[0].path < w[1].path));
+    let list = dir.list().unwrap();
+    let paths: Vec<_> = list.iter().map(|(_, p)| p.clone()).collect();
+    assert_eq!(
+        paths,
+        vec![reports[2].path.clone(), reports[1].path.clone()]
+    );
+    assert!(list[0].0 > list[1].0);
+    assert!(!reports[0].path.exists());
+    assert_eq!(
+        fs::metadata(&reports[2].path).unwrap().len(),
+        reports[2].bytes
+    );
+    let out = dir.load_newest().unwrap();
+    let (path, meta, state) = out.loaded.unwrap();
+    assert_eq!(path, reports[2].path);
+    assert_eq!(meta.oplog_position, 2);
+    assert_eq!(state, m.export_state());
+    assert!(out.skipped.is_empty());
+}
+
+#[test]
+fn a_leftover_temp_file_is_ignored_and_removed() {
+    let tmp = tempfile::tempdir().unwrap();
+    let temp = tmp.path().join("snapshot-00000000000000000009.mcs.tmp");
+    fs::write(&temp, b"half a snapshot").unwrap();
+    let other = tmp.path().join("notes.txt");
+    fs::write(&other, b"kept").unwrap();
+    let dir = SnapshotDir::open(tmp.path(), 2).unwrap();
+    assert!(!temp.exists());
+    assert!(other.exists());
+    assert!(dir.list().unwrap().is_empty());
+    let out = dir.load_newest().unwrap();
+    assert!(out.loaded.is_none() && out.skipped.is_empty());
+}
+
+#[test]
+fn a_corrupt_newest_snapshot_falls_back_to_the_older_one() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = live::populated(40);
+    let dir = SnapshotDir::open(tmp.path(), 2).unwrap();
+    let old = dir.take(&m, 1, &EncodeOptions::default()).unwrap();
+    let new = dir.take(&m, 2, &EncodeOptions::default()).unwrap();
+    let mut bytes = fs::read(&new.path).unwrap();
+    let mid = bytes.len() / 2;
+    bytes[mid] ^= 0x10;
+    fs::write(&new.path, &bytes).unwrap();
+    let out = dir.load_newest().unwrap();
+    let (path, meta, state) = out.loaded.unwrap();
+    assert_eq!(path, old.path);
+    assert_eq!(meta.oplog_position, 1);
+    assert_eq!(state.objects.len(), 40);
+    assert_eq!(out.skipped.len(), 1);
+    assert_eq!(out.skipped[0].0, new.path);
+    assert!(matches!(out.skipped[0].1, SnapshotError::Corrupt { .. }));
+    assert!(
+        out.skipped[0].1.to_string().contains("CRC"),
+        "{}",
+        out.skipped[0].1
+    );
+}
+
+#[test]
+fn both_snapshots_bad_loads_nothing_and_names_both() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = live::populated(20);
+    let dir = SnapshotDir::open(tmp.path(), 2).unwrap();
+    let old = dir.take(&m, 1, &EncodeOptions::default()).unwrap();
+    let new = dir.take(&m, 2, &EncodeOptions::default()).unwrap();
+    let bytes = fs::read(&new.path).unwrap();
+    fs::write(&new.path, &bytes[..bytes.len() - 5]).unwrap();
+    let mut bytes = fs::read(&old.path).unwrap();
+    bytes[3] ^= 1;
+    fs::write(&old.path, &bytes).unwrap();
+    let out = dir.load_newest().unwrap();
+    assert!(out.loaded.is_none());
+    let skipped: Vec<_> = out.skipped.iter().map(|(p, _)| p.clone()).collect();
+    assert_eq!(skipped, vec![new.path.clone(), old.path.clone()]);
+    assert!(matches!(out.skipped[0].1, SnapshotError::Truncated { .. }));
+    assert!(matches!(out.skipped[1].1, SnapshotError::Corrupt { .. }));
+}
+
+#[test]
+fn ids_increase_even_within_one_millisecond_and_after_reopen() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = live::populated(5);
+    let mut last = 0;
+    for round in 0..2 {
+        let dir = SnapshotDir::open(tmp.path(), 10).unwrap();
+        for _ in 0..3 {
+            let r = dir.take(&m, round, &EncodeOptions::default()).unwrap();
+            let id = dir.list().unwrap()[0].0;
+            assert!(id > last, "{id} after {last}");
+            assert_eq!(r.path, dir.list().unwrap()[0].1);
+            last = id;
+        }
+    }
+    assert_eq!(
+        SnapshotDir::open(tmp.path(), 10)
+            .unwrap()
+            .list()
+            .unwrap()
+            .len(),
+        6
+    );
+}
