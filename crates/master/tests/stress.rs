@@ -249,7 +249,7 @@ fn spawn_worker(
                 }
             }
             n += 1;
-            if n % 64 == 0 {
+            if n.is_multiple_of(64) {
                 ops.fetch_add(64, Ordering::Relaxed);
             }
         }
