@@ -352,6 +352,16 @@ impl MasterService {
     /// shard is read-locked only while its records are built, and `f` runs with no lock held.
     /// Within a shard the records are sorted by `(tenant, key)`.
     pub fn for_each_object_record(&self, mut f: impl FnMut(ObjectRecord)) {
+        self.for_each_shard_records(|_, batch| batch.drain(..).for_each(&mut f));
+    }
+
+    /// Calls `f(shard, records)` once per shard, in shard order (`0..SHARD_COUNT`), with the
+    /// records of that shard's objects that have a valid replica, sorted by `(tenant, key)`.
+    /// Only one shard is read-locked at a time, and only while its records are built; `f` runs
+    /// with no lock held and may take the records (the vector is reused, cleared, for the next
+    /// shard). Shards without an object are skipped. On a master that is changing, each shard's
+    /// records are that shard's state at one instant; different shards are different instants.
+    pub fn for_each_shard_records(&self, mut f: impl FnMut(usize, &mut Vec<ObjectRecord>)) {
         let mut batch = Vec::new();
         for i in 0..SHARD_COUNT {
             {
@@ -367,9 +377,67 @@ impl MasterService {
                     );
                 }
             }
+            if batch.is_empty() {
+                continue;
+            }
             batch.sort_unstable_by(|a, b| (&a.tenant, &a.key).cmp(&(&b.tenant, &b.key)));
-            batch.drain(..).for_each(&mut f);
+            f(i, &mut batch);
+            batch.clear();
         }
+    }
+
+    /// The mounted segments (those with an allocator, graceful deadline included), by id.
+    pub fn segment_records(&self) -> Vec<SegmentRecord> {
+        let segs = self.segments.inner.read();
+        let mut out: Vec<SegmentRecord> = segs
+            .mounted
+            .values()
+            .filter(|s| s.allocator.is_some())
+            .map(|s| SegmentRecord {
+                segment: s.segment.clone(),
+                client: s.client,
+                status: s.status,
+                graceful_deadline_ms: segs
+                    .graceful
+                    .iter()
+                    .find(|g| g.segment_id == s.segment.id)
+                    .map(|g| g.deadline_ms),
+            })
+            .collect();
+        out.sort_by_key(|s| s.segment.id);
+        out
+    }
+
+    /// The discarded list in its order, each entry with the buffers on live segments (entries
+    /// left with none are omitted).
+    pub fn discarded_records(&self) -> Vec<DiscardedRecord> {
+        let list = self.discarded.lock();
+        let segs = self.segments.inner.read();
+        list.entries
+            .iter()
+            .filter_map(|d| {
+                let buffers: Vec<BufferRecord> = d
+                    .buffers
+                    .iter()
+                    .filter_map(|h| {
+                        segs.live_segment_of(h).map(|segment| BufferRecord {
+                            segment,
+                            offset: h.offset(),
+                            len: h.len(),
+                        })
+                    })
+                    .collect();
+                (!buffers.is_empty()).then_some(DiscardedRecord {
+                    release_at_ms: d.release_at_ms,
+                    buffers,
+                })
+            })
+            .collect()
+    }
+
+    /// The next replica id this master will hand out (every id issued so far is below it).
+    pub fn peek_next_replica_id(&self) -> u64 {
+        self.next_replica_id.load(Ordering::Relaxed)
     }
 
     /// The live durable state as records (see [`MasterState`]). Each part is read under its own
@@ -379,56 +447,12 @@ impl MasterService {
         let mut objects = Vec::new();
         self.for_each_object_record(|r| objects.push(r));
         objects.sort_unstable_by(|a, b| (&a.tenant, &a.key).cmp(&(&b.tenant, &b.key)));
-        let segments = {
-            let segs = self.segments.inner.read();
-            let mut out: Vec<SegmentRecord> = segs
-                .mounted
-                .values()
-                .filter(|s| s.allocator.is_some())
-                .map(|s| SegmentRecord {
-                    segment: s.segment.clone(),
-                    client: s.client,
-                    status: s.status,
-                    graceful_deadline_ms: segs
-                        .graceful
-                        .iter()
-                        .find(|g| g.segment_id == s.segment.id)
-                        .map(|g| g.deadline_ms),
-                })
-                .collect();
-            out.sort_by_key(|s| s.segment.id);
-            out
-        };
-        let discarded = {
-            let list = self.discarded.lock();
-            let segs = self.segments.inner.read();
-            list.entries
-                .iter()
-                .filter_map(|d| {
-                    let buffers: Vec<BufferRecord> = d
-                        .buffers
-                        .iter()
-                        .filter_map(|h| {
-                            segs.live_segment_of(h).map(|segment| BufferRecord {
-                                segment,
-                                offset: h.offset(),
-                                len: h.len(),
-                            })
-                        })
-                        .collect();
-                    (!buffers.is_empty()).then_some(DiscardedRecord {
-                        release_at_ms: d.release_at_ms,
-                        buffers,
-                    })
-                })
-                .collect()
-        };
         MasterState {
-            segments,
+            segments: self.segment_records(),
             objects,
-            discarded,
+            discarded: self.discarded_records(),
             tenant_policy: self.tenant_policy(),
-            next_replica_id: self.next_replica_id.load(Ordering::Relaxed),
+            next_replica_id: self.peek_next_replica_id(),
         }
     }
 }
