@@ -588,3 +588,80 @@ fn a_corrupt_or_truncated_newest_snapshot_falls_back_and_both_bad_start_empty_or
     let text = std::fs::read_to_string(&log).unwrap();
     assert!(text.contains("--snapshot_required"), "{text}");
 }
+
+/// Puts `n` small objects in batches of 500.
+async fn put_many(c: &StoreClient, prefix: &str, n: usize) {
+    let keys: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:06}")).collect();
+    let value = [7u8; 64];
+    for chunk in keys.chunks(500) {
+        let items: Vec<(&str, &[u8])> = chunk.iter().map(|k| (k.as_str(), &value[..])).collect();
+        for result in c.put_batch(&items, &ReplicateConfig::default()).await {
+            result.unwrap();
+        }
+    }
+}
+
+#[test]
+fn sigkill_during_a_snapshot_leaves_the_previous_one_intact_and_used() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snapshots");
+    let port = free_port();
+    let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &[]);
+    let _node = StoreNode::start(port, "256MiB");
+    let rt = runtime();
+    let c = rt.block_on(client(port));
+    let kept = rt.block_on(put_objects(&c, "kept", 6));
+    snapshot_verb(port);
+    let previous = snapshot_files(&dir);
+    assert_eq!(previous.len(), 1);
+    let previous_bytes = std::fs::read(&previous[0]).unwrap();
+    // Enough objects that writing the next snapshot takes a while.
+    rt.block_on(put_many(&c, "bulk", 20_000));
+
+    // Start takes until one is caught in the act (its temp file exists), then SIGKILL.
+    let metrics = master.metrics;
+    let deadline = Instant::now() + Duration::from_secs(40);
+    let mut caught = None;
+    while caught.is_none() && Instant::now() < deadline {
+        let take = std::thread::spawn(move || http("POST", metrics, "/api/v1/snapshot", b""));
+        while !take.is_finished() {
+            let temp = std::fs::read_dir(&dir)
+                .unwrap()
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .find(|p| p.to_string_lossy().ends_with(".mcs.tmp"));
+            if let Some(temp) = temp {
+                signal(&master.child, libc::SIGKILL);
+                caught = Some(temp);
+                break;
+            }
+        }
+        // A take that completed uncaught is the previous snapshot of the next attempt.
+        let _ = take.join();
+    }
+    let temp = caught.expect("no take was caught writing its temp file in 40 s");
+    drop(master);
+    // The newest complete file is untouched by the killed take.
+    let newest_complete = snapshot_files(&dir)[0].clone();
+    if newest_complete == previous[0] {
+        assert_eq!(std::fs::read(&previous[0]).unwrap(), previous_bytes);
+    }
+    assert!(mooncake_snapshot_verifies(&newest_complete));
+
+    let log = tmp.path().join("m2.log");
+    let master = Master::start(port, &dir, &log, &["--enable_snapshot_restore"]);
+    let text = master.log_text();
+    assert!(
+        text.contains(&format!("restoring snapshot {}", newest_complete.display())),
+        "{text}"
+    );
+    assert!(
+        !temp.exists(),
+        "the killed take's temp file was not removed"
+    );
+    rt.block_on(wait_readable(&c, &kept));
+    master.kill();
+}
+
+fn mooncake_snapshot_verifies(path: &Path) -> bool {
+    mooncake_snapshot::decode(&std::fs::read(path).unwrap()).is_ok()
+}
