@@ -49,6 +49,9 @@ enum Command {
     Rm(verbs::RmArgs),
     /// Segments, usage and key count of the cluster.
     Stat(verbs::StatArgs),
+    /// Ask the master to write a snapshot now (into its --snapshot_dir); prints the file, its
+    /// size in bytes, the object count and the milliseconds it took.
+    Snapshot(verbs::SnapshotArgs),
     /// Benchmarks that print tables, each next to a peer measured in the same run. Without a
     /// subcommand: the store client cases (`bench store` with its defaults).
     Bench {
@@ -154,6 +157,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Stat(args) => {
             init_logging_at("warn");
             verbs::stat(args)
+        }
+        Command::Snapshot(args) => {
+            init_logging_at("warn");
+            verbs::snapshot(args)
         }
         Command::Bench { command } => {
             init_logging_at("warn");

@@ -72,6 +72,12 @@ pub struct StatArgs {
     pub target: Target,
 }
 
+#[derive(Debug, clap::Args)]
+pub struct SnapshotArgs {
+    #[command(flatten)]
+    pub target: Target,
+}
+
 fn connect(target: &Target) -> anyhow::Result<BlockingStoreClient> {
     let config = StoreConfig {
         master_addr: target.master.clone(),
@@ -234,5 +240,29 @@ pub fn stat(args: StatArgs) -> anyhow::Result<()> {
             s.status
         );
     }
+    Ok(())
+}
+
+/// `mooncake snapshot`: the master writes a snapshot now; prints the file, its size, the object
+/// count and how long it took.
+pub fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
+    let client = connect(&args.target)?;
+    let master = client.client().master();
+    let taken = client.block_on(async { master.call(&m::TakeSnapshot {}).await });
+    let _ = client.close();
+    let taken = taken.map_err(|e| match e.code() {
+        mooncake_common::ErrorCode::NOT_SUPPORTED => anyhow::anyhow!(
+            "snapshot: NOT_SUPPORTED (the master has no snapshot directory: start it with \
+             --snapshot_dir=DIR)"
+        ),
+        code => anyhow::anyhow!("snapshot: {code} ({e}); the master's log says why"),
+    })?;
+    println!(
+        "snapshot {}  bytes {}  objects {}  ms {:.1}",
+        taken.path,
+        taken.bytes,
+        taken.objects,
+        taken.duration_us as f64 / 1e3
+    );
     Ok(())
 }

@@ -186,6 +186,21 @@ methods! {
     45 ConfirmReplicas { client: ClientId, segment_id: SegmentId, verified: Vec<ReplicaId>, mismatched: Vec<ReplicaId> }
         -> ConfirmReplicasResponse,
         limits(s, l) { check_len(s.verified.len(), l)?; check_len(s.mismatched.len(), l) };
+    /// Writes a snapshot of the master now (waits for one in progress first). `NOT_SUPPORTED`
+    /// without a snapshot directory, `INTERNAL_ERROR` when writing failed (the master logs why).
+    /// Ours: upstream takes snapshots only on its timer.
+    46 TakeSnapshot {} -> SnapshotTaken,
+        limits(s, l) { Ok(()) };
+}
+
+/// What `TakeSnapshot` wrote.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct SnapshotTaken {
+    /// The snapshot file, as the master names it.
+    pub path: String,
+    pub bytes: u64,
+    pub objects: u64,
+    pub duration_us: u64,
 }
 
 /// One restored replica for its node to check: CRC32C of the `len` bytes at `offset` in the

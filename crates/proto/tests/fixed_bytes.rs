@@ -365,6 +365,7 @@ fn method_id_table_is_pinned() {
         (43, "MarkTaskToComplete"),
         (44, "GetUnverifiedReplicas"),
         (45, "ConfirmReplicas"),
+        (46, "TakeSnapshot"),
     ];
     assert_eq!(METHODS, expected);
 }

@@ -63,7 +63,9 @@ const HONOURED: Status = Status::Honoured;
 // Features mooncake-rs does not build (yet), as flag statuses name them.
 const HA: &str = "high availability (HA)";
 const OPLOG: &str = "HA op-log replication";
-const SNAPSHOT: &str = "master snapshots";
+const SNAPSHOT_CHILD: &str = "snapshot child process (snapshots are written in-process)";
+const SNAPSHOT_BACKUP: &str = "snapshot backup directory (snapshots are local files already)";
+const SNAPSHOT_STORES: &str = "snapshot object and catalog stores other than local files";
 const OFFLOAD: &str = "SSD offload";
 const PROMOTION: &str = "promotion on hit";
 const KV_EVENTS: &str = "KV cache events";
@@ -277,32 +279,36 @@ master_flags! {
     batch_oplog_retry_timeout_sec: u32 = 180, Master UInt32, Status::Inert(OPLOG),
         "Maximum time to retry transient batch OpLog standby errors.";
 
-    // ---- snapshots (not built) ----------------------------------------------------------------
-    enable_snapshot: bool = false, Master Bool, Status::Refused(SNAPSHOT),
+    // ---- snapshots ---------------------------------------------------------------------------
+    enable_snapshot: bool = false, Master Bool, HONOURED,
         "Enable periodic snapshot of master data";
-    enable_snapshot_restore: bool = false, Master Bool, Status::Refused(SNAPSHOT),
+    enable_snapshot_restore: bool = false, Master Bool, HONOURED,
         "enable restore from snapshot";
-    snapshot_interval_seconds: u64 = 600, Master UInt64, Status::Inert(SNAPSHOT),
+    snapshot_interval_seconds: u64 = 600, Master UInt64, HONOURED,
         "Interval in second between periodic snapshots of master data";
-    snapshot_child_timeout_seconds: u64 = 300, Master UInt64, Status::Inert(SNAPSHOT),
+    snapshot_child_timeout_seconds: u64 = 300, Master UInt64, Status::Inert(SNAPSHOT_CHILD),
         "Timeout for snapshot child process in seconds";
-    snapshot_retention_count: u32 = 2, Master UInt32, Status::Inert(SNAPSHOT),
+    snapshot_retention_count: u32 = 2, Master UInt32, HONOURED,
         "Number of recent snapshots to keep (older snapshots will be automatically deleted)";
-    snapshot_backup_dir: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_dir: String = "", Ours String, HONOURED,
+        "Directory of the master's snapshot files (default: $MOONCAKE_SNAPSHOT_LOCAL_PATH); required by --enable_snapshot and --enable_snapshot_restore";
+    snapshot_required: bool = false, Ours Bool, HONOURED,
+        "With --enable_snapshot_restore: refuse to start when no snapshot in --snapshot_dir verifies";
+    snapshot_backup_dir: String = "", Master String, Status::Inert(SNAPSHOT_BACKUP),
         "Optional local directory for snapshot and restore backup. If empty, local backup is disabled";
-    snapshot_object_store_type: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_object_store_type: String = "", Master String, Status::Inert(SNAPSHOT_STORES),
         "Snapshot object store type: 'local' for local filesystem, 's3' for S3 storage";
-    snapshot_payload_store_type: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_payload_store_type: String = "", Master String, Status::Inert(SNAPSHOT_STORES),
         "Deprecated alias of --snapshot_object_store_type";
-    snapshot_payload_backend_type: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_payload_backend_type: String = "", Master String, Status::Inert(SNAPSHOT_STORES),
         "Deprecated alias of --snapshot_object_store_type";
-    snapshot_catalog_store_type: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_catalog_store_type: String = "", Master String, Status::Inert(SNAPSHOT_STORES),
         "Snapshot catalog store type: ''/'embedded' or 'redis' ('payload' is kept as a deprecated alias)";
-    snapshot_catalog_backend_type: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_catalog_backend_type: String = "", Master String, Status::Inert(SNAPSHOT_STORES),
         "Deprecated alias of --snapshot_catalog_store_type";
-    snapshot_catalog_store_connstring: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_catalog_store_connstring: String = "", Master String, Status::Inert(SNAPSHOT_STORES),
         "Optional connection string for snapshot catalog store";
-    snapshot_catalog_backend_connstring: String = "", Master String, Status::Inert(SNAPSHOT),
+    snapshot_catalog_backend_connstring: String = "", Master String, Status::Inert(SNAPSHOT_STORES),
         "Deprecated alias of --snapshot_catalog_store_connstring";
 
     // ---- SSD offload and promotion (not built) --------------------------------------------------
@@ -478,6 +484,27 @@ pub struct ResolvedConfig {
     pub max_kv_soft_pin_ttl_ms: u64,
     /// The start-up warning line: flags given without effect, config keys that are not flags.
     pub notice: Option<String>,
+    /// Where and when snapshots are taken and restored.
+    pub snapshot: SnapshotSettings,
+}
+
+/// The environment variable upstream reads for its local snapshot directory.
+pub const SNAPSHOT_DIR_ENV: &str = "MOONCAKE_SNAPSHOT_LOCAL_PATH";
+
+/// Snapshot settings resolved from the flags and the environment.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct SnapshotSettings {
+    /// `--snapshot_dir`, else `$MOONCAKE_SNAPSHOT_LOCAL_PATH`; `None` when neither is set (no
+    /// snapshot can be taken or restored).
+    pub dir: Option<PathBuf>,
+    /// The period of snapshots (`--enable_snapshot`), also taken once more at SIGTERM/SIGINT.
+    pub periodic: Option<std::time::Duration>,
+    /// How many snapshot files to keep.
+    pub retention: usize,
+    /// Restore the newest snapshot that verifies before serving.
+    pub restore: bool,
+    /// Refuse to start when restore finds no snapshot that verifies.
+    pub required: bool,
 }
 
 /// Allocation strategies of upstream that need a feature we do not build.
@@ -543,6 +570,44 @@ impl MasterConfig {
                 "--rpc_enable_tcp_no_delay=false: not supported by mooncake-rs ({NO_DELAY_OFF}; \
                  TCP_NODELAY is always on)"
             ));
+        }
+        for (flag, value) in [
+            (
+                "snapshot_object_store_type",
+                &self.snapshot_object_store_type,
+            ),
+            (
+                "snapshot_payload_store_type",
+                &self.snapshot_payload_store_type,
+            ),
+            (
+                "snapshot_payload_backend_type",
+                &self.snapshot_payload_backend_type,
+            ),
+        ] {
+            if !["", "local"].contains(&value.as_str()) {
+                lines.push(format!(
+                    "--{flag}={value}: not supported by mooncake-rs ({SNAPSHOT_STORES}; \
+                     snapshots are files in --snapshot_dir)"
+                ));
+            }
+        }
+        for (flag, value) in [
+            (
+                "snapshot_catalog_store_type",
+                &self.snapshot_catalog_store_type,
+            ),
+            (
+                "snapshot_catalog_backend_type",
+                &self.snapshot_catalog_backend_type,
+            ),
+        ] {
+            if !["", "embedded", "payload"].contains(&value.as_str()) {
+                lines.push(format!(
+                    "--{flag}={value}: not supported by mooncake-rs ({SNAPSHOT_STORES}; \
+                     the file names in --snapshot_dir are the catalog)"
+                ));
+            }
         }
         if let Some((_, feature)) = STRATEGIES_NOT_BUILT
             .iter()
@@ -670,6 +735,7 @@ impl MasterConfig {
             (0, max) => max.min(cores),
             (n, _) => n,
         };
+        let snapshot = self.snapshot_settings(std::env::var_os(SNAPSHOT_DIR_ENV))?;
         Ok(ResolvedConfig {
             rpc_addr,
             metrics_addr,
@@ -679,6 +745,61 @@ impl MasterConfig {
             default_kv_soft_pin_ttl_ms,
             max_kv_soft_pin_ttl_ms,
             notice: None,
+            snapshot,
+        })
+    }
+
+    /// The snapshot settings; `env_dir` is `$MOONCAKE_SNAPSHOT_LOCAL_PATH`.
+    pub fn snapshot_settings(
+        &self,
+        env_dir: Option<std::ffi::OsString>,
+    ) -> Result<SnapshotSettings, ConfigError> {
+        let invalid = |flag: &'static str, message: String| ConfigError::Invalid { flag, message };
+        let dir = if !self.snapshot_dir.is_empty() {
+            Some(PathBuf::from(&self.snapshot_dir))
+        } else {
+            env_dir.filter(|d| !d.is_empty()).map(PathBuf::from)
+        };
+        for (flag, on) in [
+            ("enable_snapshot", self.enable_snapshot),
+            ("enable_snapshot_restore", self.enable_snapshot_restore),
+        ] {
+            if on && dir.is_none() {
+                return Err(invalid(
+                    flag,
+                    format!(
+                        "needs a snapshot directory: give --snapshot_dir=DIR or set \
+                         {SNAPSHOT_DIR_ENV}"
+                    ),
+                ));
+            }
+        }
+        if self.enable_snapshot && self.snapshot_interval_seconds == 0 {
+            return Err(invalid(
+                "snapshot_interval_seconds",
+                "must be at least 1 second".into(),
+            ));
+        }
+        if self.snapshot_retention_count == 0 {
+            return Err(invalid(
+                "snapshot_retention_count",
+                "must be at least 1".into(),
+            ));
+        }
+        if self.snapshot_required && !self.enable_snapshot_restore {
+            return Err(invalid(
+                "snapshot_required",
+                "needs --enable_snapshot_restore".into(),
+            ));
+        }
+        Ok(SnapshotSettings {
+            dir,
+            periodic: self
+                .enable_snapshot
+                .then(|| std::time::Duration::from_secs(self.snapshot_interval_seconds)),
+            retention: self.snapshot_retention_count as usize,
+            restore: self.enable_snapshot_restore,
+            required: self.snapshot_required,
         })
     }
 }
@@ -864,7 +985,7 @@ mod tests {
         let (_, resolved) = load(&[
             "--enable_ha=false",
             "--etcd_endpoints=http://127.0.0.1:2379",
-            "--enable_snapshot=false",
+            "--snapshot_child_timeout_seconds=300",
             "--logtostderr",
         ])
         .unwrap();
@@ -872,7 +993,7 @@ mod tests {
         assert!(!notice.contains('\n'), "one line: {notice}");
         for part in [
             "high availability (HA): enable_ha, etcd_endpoints=\"http://127.0.0.1:2379\"",
-            "master snapshots: enable_snapshot",
+            "snapshot child process (snapshots are written in-process): snapshot_child_timeout_seconds",
             "logtostderr=\"true\"",
         ] {
             assert!(notice.contains(part), "{part} missing in {notice}");

@@ -33,6 +33,9 @@ pub struct AdminState {
     pub cluster_id: String,
     /// Where quota admin changes are persisted (the tenant policy file, if configured).
     pub tenant_policy: Arc<crate::tenant_policy::TenantPolicyStore>,
+    /// The snapshot writer (`POST /api/v1/snapshot`), when a snapshot directory is configured.
+    pub snapshots: Option<Arc<crate::snapshot::Snapshotter>>,
+    pub snapshot_metrics: Arc<crate::snapshot::SnapshotMetrics>,
 }
 
 /// Upstream's status mapping for error bodies.
@@ -84,6 +87,7 @@ pub fn admin_router(state: AdminState) -> Router {
         .route("/query_segment", get(query_segment))
         .route("/api/v1/segments/status", get(segment_status))
         .route("/api/v1/remove_all", post(remove_all))
+        .route("/api/v1/snapshot", post(take_snapshot))
         .route(
             "/api/v1/tenant_quotas",
             get(tenant_quotas_get)
@@ -169,6 +173,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     }
     state.metrics.render(&mut out);
     state.workers.render(&mut out);
+    state.snapshot_metrics.render(master, &mut out);
     let core = master.counters();
     crate::metrics::counter(
         &mut out,
@@ -479,6 +484,35 @@ async fn remove_all(
     let tenant = q.get("tenant_id").cloned().unwrap_or_default();
     let removed = state.master.remove_all(force, &tenant);
     axum::Json(json!({"success": true, "removed_count": removed})).into_response()
+}
+
+/// `POST /api/v1/snapshot`: writes a snapshot now, off the async workers; answers the file, its
+/// size, the object count and the duration.
+async fn take_snapshot(State(state): State<AdminState>) -> Response {
+    let Some(snapshots) = state.snapshots else {
+        return error_response(
+            ErrorCode::NOT_SUPPORTED,
+            Some("no snapshot directory: start the master with --snapshot_dir"),
+        );
+    };
+    let result = tokio::task::spawn_blocking(move || {
+        snapshots
+            .take("on-demand")
+            .map_err(|error| error.to_string())
+    })
+    .await
+    .unwrap_or_else(|_| Err("the snapshot panicked".into()));
+    match result {
+        Ok(report) => axum::Json(json!({
+            "success": true,
+            "path": report.path.display().to_string(),
+            "bytes": report.bytes,
+            "objects": report.objects,
+            "duration_ms": report.duration.as_secs_f64() * 1e3,
+        }))
+        .into_response(),
+        Err(message) => error_response(ErrorCode::INTERNAL_ERROR, Some(&message)),
+    }
 }
 
 fn snapshot_json(s: &mooncake_master::TenantQuotaSnapshot) -> Value {

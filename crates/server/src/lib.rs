@@ -11,7 +11,8 @@ pub mod http;
 pub mod metrics;
 pub mod process;
 pub mod rpc_dispatch;
+pub mod snapshot;
 pub mod tenant_policy;
 
-pub use config::{ConfigError, MasterConfig, ResolvedConfig};
+pub use config::{ConfigError, MasterConfig, ResolvedConfig, SnapshotSettings};
 pub use process::{run_until_signal, RunningMaster, StartError};

@@ -18,6 +18,7 @@ use crate::config::{MasterConfig, ResolvedConfig};
 use crate::http::{admin_router, metadata_router, AdminState, MetadataStore};
 use crate::metrics::{RpcMetrics, WorkerMetrics};
 use crate::rpc_dispatch::MasterRpc;
+use crate::snapshot::{PeriodicSnapshots, SnapshotMetrics, Snapshotter};
 
 /// Why a master could not start.
 #[derive(Debug, Error)]
@@ -31,6 +32,8 @@ pub enum StartError {
         path: std::path::PathBuf,
         message: String,
     },
+    #[error("{0}")]
+    Snapshot(String),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
         what: &'static str,
@@ -105,6 +108,9 @@ pub struct RunningMaster {
     metadata_addr: Option<SocketAddr>,
     stop: watch::Sender<bool>,
     tasks: JoinSet<()>,
+    snapshotter: Option<Arc<Snapshotter>>,
+    periodic: Option<PeriodicSnapshots>,
+    final_snapshot: bool,
 }
 
 /// How often each background step runs.
@@ -141,8 +147,20 @@ impl RunningMaster {
             Arc::new(SystemClock::new()),
         )?);
         master.set_task_limits(task_limits(config));
+        let snapshot_metrics = Arc::new(SnapshotMetrics::default());
         if let Some((state, options)) = initial {
             let report = master.restore(state, options)?;
+            use std::sync::atomic::Ordering::Relaxed;
+            snapshot_metrics.restored.store(1, Relaxed);
+            snapshot_metrics
+                .restored_objects
+                .store(report.objects as u64, Relaxed);
+            snapshot_metrics
+                .restored_segments
+                .store(report.segments as u64, Relaxed);
+            snapshot_metrics
+                .restore_dropped_objects
+                .store(report.dropped.objects() as u64, Relaxed);
             tracing::info!(
                 segments = report.segments,
                 objects = report.objects,
@@ -169,13 +187,29 @@ impl RunningMaster {
             policy_path = Some(path);
         }
         let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
+        let snapshotter = match &resolved.snapshot.dir {
+            Some(dir) => Some(Arc::new(
+                Snapshotter::open(
+                    master.clone(),
+                    dir,
+                    resolved.snapshot.retention,
+                    snapshot_metrics.clone(),
+                )
+                .map_err(|e| {
+                    StartError::Snapshot(format!(
+                        "cannot open the snapshot directory {}: {e}",
+                        dir.display()
+                    ))
+                })?,
+            )),
+            None => None,
+        };
         let metrics = Arc::new(RpcMetrics::default());
         let rpc_config = rpc_server_config(config);
-        let handler = Arc::new(MasterRpc::new(
-            master.clone(),
-            metrics.clone(),
-            Limits::default(),
-        ));
+        let handler = Arc::new(
+            MasterRpc::new(master.clone(), metrics.clone(), Limits::default())
+                .with_snapshots(snapshotter.clone()),
+        );
         let rpc = RpcServer::bind(resolved.rpc_addr, handler, rpc_config)
             .await
             .map_err(|source| StartError::Bind {
@@ -196,6 +230,8 @@ impl RunningMaster {
             workers: workers.clone(),
             cluster_id: config.cluster_id.clone(),
             tenant_policy,
+            snapshots: snapshotter.clone(),
+            snapshot_metrics,
         });
         let metrics_addr = serve_http(
             &mut tasks,
@@ -312,6 +348,14 @@ impl RunningMaster {
             });
         }
 
+        let periodic = match (&snapshotter, resolved.snapshot.periodic) {
+            (Some(snapshotter), Some(period)) => Some(
+                PeriodicSnapshots::start(snapshotter.clone(), period).map_err(|e| {
+                    StartError::Snapshot(format!("cannot start the snapshot thread: {e}"))
+                })?,
+            ),
+            _ => None,
+        };
         tracing::info!(%rpc_addr, %metrics_addr, ?metadata_addr, "master serving");
         Ok(RunningMaster {
             master,
@@ -321,6 +365,9 @@ impl RunningMaster {
             metadata_addr,
             stop,
             tasks,
+            snapshotter,
+            final_snapshot: periodic.is_some(),
+            periodic,
         })
     }
 
@@ -341,11 +388,32 @@ impl RunningMaster {
         &self.master
     }
 
-    /// Stops accepting, closes connections, stops the workers, and waits for all of it.
+    /// The snapshot writer, when a snapshot directory is configured.
+    pub fn snapshotter(&self) -> Option<&Arc<Snapshotter>> {
+        self.snapshotter.as_ref()
+    }
+
+    /// Stops accepting, closes connections, stops the workers, and waits for all of it. With
+    /// `--enable_snapshot`, a final snapshot is then taken of the state no call can change any
+    /// more.
     pub async fn shutdown(mut self) {
         let _ = self.stop.send(true);
         self.rpc.shutdown().await;
         while self.tasks.join_next().await.is_some() {}
+        let periodic = self.periodic.take();
+        let snapshotter = self.snapshotter.take().filter(|_| self.final_snapshot);
+        let joined = tokio::task::spawn_blocking(move || {
+            if let Some(periodic) = periodic {
+                periodic.stop();
+            }
+            if let Some(snapshotter) = snapshotter {
+                let _ = snapshotter.take("final");
+            }
+        })
+        .await;
+        if joined.is_err() {
+            tracing::error!("the final snapshot panicked");
+        }
         tracing::info!("master stopped");
     }
 }
@@ -422,13 +490,32 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
         }
     };
     runtime.block_on(async move {
-        let master = match RunningMaster::start(&config, &resolved).await {
+        let (initial, skipped) = match crate::snapshot::load_at_start(&resolved.snapshot) {
+            Ok(start) => (
+                start
+                    .loaded
+                    .map(|(_, state)| (state, RestoreOptions::default())),
+                Some(start.skipped),
+            ),
+            Err(message) => {
+                tracing::error!("{message}");
+                eprintln!("mooncake master: {message}");
+                return 1;
+            }
+        };
+        let master = match RunningMaster::start_with(&config, &resolved, initial).await {
             Ok(master) => master,
             Err(error) => {
                 eprintln!("mooncake master: {error}");
                 return 1;
             }
         };
+        if let (Some(snapshotter), Some(skipped)) = (master.snapshotter(), skipped) {
+            snapshotter
+                .metrics()
+                .restore_skipped_files
+                .store(skipped as u64, std::sync::atomic::Ordering::Relaxed);
+        }
         if let Some(notice) = &resolved.notice {
             tracing::warn!("{notice}");
         }

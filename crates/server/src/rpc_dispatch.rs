@@ -10,6 +10,7 @@ use mooncake_rpc::{Handler, HandlerError};
 use std::sync::Arc;
 
 use crate::metrics::RpcMetrics;
+use crate::snapshot::Snapshotter;
 
 /// The version string `ServiceReady` answers.
 pub const VERSION: &str = concat!("mooncake-rs ", env!("CARGO_PKG_VERSION"));
@@ -20,6 +21,7 @@ pub struct MasterRpc {
     master: Arc<MasterService>,
     metrics: Arc<RpcMetrics>,
     limits: Limits,
+    snapshots: Option<Arc<Snapshotter>>,
 }
 
 impl MasterRpc {
@@ -28,7 +30,14 @@ impl MasterRpc {
             master,
             metrics,
             limits,
+            snapshots: None,
         }
+    }
+
+    /// Serves `TakeSnapshot` with `snapshots` (without: `NOT_SUPPORTED`).
+    pub fn with_snapshots(mut self, snapshots: Option<Arc<Snapshotter>>) -> Self {
+        self.snapshots = snapshots;
+        self
     }
 
     /// Decodes `M`, checks limits, runs `op`, counts the call (a failure when the reply is an
@@ -359,6 +368,24 @@ impl Handler for MasterRpc {
                     dropped: done.dropped,
                 })
             }),
+            m::TakeSnapshot::ID => {
+                let snapshots = self.snapshots.clone();
+                self.serve(body, out, move |_, _: &m::TakeSnapshot| {
+                    let Some(snapshots) = snapshots else {
+                        return Err(ErrorCode::NOT_SUPPORTED);
+                    };
+                    match snapshots.take_blocking_in_runtime("on-demand") {
+                        Ok(report) => Ok(m::SnapshotTaken {
+                            path: report.path.display().to_string(),
+                            bytes: report.bytes,
+                            objects: report.objects,
+                            duration_us: u64::try_from(report.duration.as_micros())
+                                .unwrap_or(u64::MAX),
+                        }),
+                        Err(_) => Err(ErrorCode::INTERNAL_ERROR),
+                    }
+                })
+            }
             other => {
                 self.metrics.record(other, true);
                 Err(HandlerError::new(
