@@ -189,7 +189,7 @@ fn assert_one_warning_line(stderr: &str) {
     for name in [
         "enable_ha",
         "enable_kv_events",
-        "enable_snapshot",
+        "snapshot_backup_dir",
         "root_fs_dir",
         "logtostderr",
     ] {
