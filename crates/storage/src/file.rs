@@ -459,122 +459,88 @@ struct Pending<'a> {
     tmp: PathBuf,
 }
 
-impl StorageBackend for FileBackend {
-    fn name(&self) -> &'static str {
-        "file"
-    }
-
-    fn put_batch(&self, entries: &[(&str, &[u8])]) -> Vec<Result<(), StorageError>> {
-        if self.closed.load(Ordering::Acquire) {
-            return refuse_all(entries.len(), || StorageError::Closed);
+impl FileBackend {
+    /// Entry `i` written to a temporary file in its slot (the slot placed, the space checked,
+    /// the directory created and, with `always`, made durable); the slot is released on failure.
+    fn stage<'a>(
+        &self,
+        i: usize,
+        key: &'a str,
+        value: &[u8],
+        always: bool,
+    ) -> Result<Pending<'a>, StorageError> {
+        let size = value.len() as u64;
+        let (hash, slot, old) = self.place(key)?;
+        let used = self.index.read().used_bytes;
+        let after = used - old.map_or(0, |e| e.size) + size;
+        if after > self.config.capacity_bytes {
+            self.release_slot(key, hash, slot);
+            return Err(StorageError::NoSpace {
+                needed: size,
+                available: self.config.capacity_bytes.saturating_sub(used),
+            });
         }
-        let max = self.config.limits.max_batch_entries;
-        if entries.len() > max {
-            let len = entries.len();
-            return refuse_all(len, || StorageError::BatchTooLarge { len, max });
-        }
-        let limits = self.config.limits;
-        let mut results: Vec<Result<(), StorageError>> = entries
-            .iter()
-            .map(|(k, v)| check_entry(k, v.len() as u64, &limits))
-            .collect();
-        let _w = self.writer.lock();
-        if self.closed.load(Ordering::Acquire) {
-            return refuse_all(entries.len(), || StorageError::Closed);
-        }
-        let incoming: u64 = entries
-            .iter()
-            .zip(&results)
-            .filter(|(_, r)| r.is_ok())
-            .map(|((_, v), _)| v.len() as u64)
-            .sum();
-        self.evict_for(incoming);
-        let always = self.config.durability == Durability::Always;
-        let batch = self.config.durability == Durability::Batch;
-        let mut pending: Vec<Pending<'_>> = Vec::new();
-        for (i, (key, value)) in entries.iter().enumerate() {
-            if results[i].is_err() {
-                continue;
-            }
-            let size = value.len() as u64;
-            let (hash, slot, old) = match self.place(key) {
-                Ok(p) => p,
-                Err(e) => {
-                    results[i] = Err(e);
-                    continue;
-                }
-            };
-            let used = self.index.read().used_bytes;
-            let after = used - old.map_or(0, |e| e.size) + size;
-            if after > self.config.capacity_bytes {
+        let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
+        let dir = dir_of(&self.root, hash);
+        if !dir.is_dir() {
+            if let Err(e) = fs::create_dir_all(&dir) {
                 self.release_slot(key, hash, slot);
-                results[i] = Err(StorageError::NoSpace {
-                    needed: size,
-                    available: self.config.capacity_bytes.saturating_sub(used),
-                });
-                continue;
-            }
-            let seq = self.next_seq.fetch_add(1, Ordering::Relaxed);
-            let dir = dir_of(&self.root, hash);
-            if !dir.is_dir() {
-                if let Err(e) = fs::create_dir_all(&dir) {
-                    self.release_slot(key, hash, slot);
-                    results[i] = Err(StorageError::Io {
-                        op: "write",
-                        source: e,
-                    });
-                    continue;
-                }
-                if always {
-                    // The new directories must be durable before a record inside them is.
-                    let parents = dir.parent().map(Path::to_path_buf).into_iter();
-                    let synced = parents
-                        .chain(std::iter::once(self.root.clone()))
-                        .try_for_each(|d| sync_dir(&d));
-                    if let Err(e) = synced {
-                        self.release_slot(key, hash, slot);
-                        results[i] = Err(e);
-                        continue;
-                    }
-                }
-            }
-            let final_path = path_of(&self.root, hash, slot);
-            let tmp = final_path.with_extension(format!("{seq}.tmp"));
-            let header = RecordHeader {
-                flags: 0,
-                key_len: key.len() as u32,
-                value_crc: crc32c::crc32c(value),
-                value_len: size,
-                seq,
-            };
-            let head = header.encode(MAGIC_FILE, key.as_bytes());
-            if let Err(e) = write_temp(&tmp, &head, value, always) {
-                remove_quietly(&tmp);
-                self.release_slot(key, hash, slot);
-                results[i] = Err(StorageError::Io {
+                return Err(StorageError::Io {
                     op: "write",
                     source: e,
                 });
-                continue;
             }
-            let p = Pending {
-                index: i,
-                key,
-                hash,
-                slot,
-                seq,
-                size,
-                tmp,
-            };
             if always {
-                results[i] = self.finish(&p, &final_path, true);
-            } else {
-                pending.push(p);
+                // The new directories must be durable before a record inside them is.
+                let parents = dir.parent().map(Path::to_path_buf).into_iter();
+                let synced = parents
+                    .chain(std::iter::once(self.root.clone()))
+                    .try_for_each(|d| sync_dir(&d));
+                if let Err(e) = synced {
+                    self.release_slot(key, hash, slot);
+                    return Err(e);
+                }
             }
         }
-        // Batch: one syncfs makes every temp file durable, the renames follow, and a second
-        // syncfs makes the renames (and any new directories) durable: two flushes per batch
-        // instead of one fdatasync per file. None: renames only.
+        let final_path = path_of(&self.root, hash, slot);
+        let tmp = final_path.with_extension(format!("{seq}.tmp"));
+        let header = RecordHeader {
+            flags: 0,
+            key_len: key.len() as u32,
+            value_crc: crc32c::crc32c(value),
+            value_len: size,
+            seq,
+        };
+        let head = header.encode(MAGIC_FILE, key.as_bytes());
+        if let Err(e) = write_temp(&tmp, &head, value, always) {
+            remove_quietly(&tmp);
+            self.release_slot(key, hash, slot);
+            return Err(StorageError::Io {
+                op: "write",
+                source: e,
+            });
+        }
+        Ok(Pending {
+            index: i,
+            key,
+            hash,
+            slot,
+            seq,
+            size,
+            tmp,
+        })
+    }
+
+    /// Renames the staged temporary files into place and commits them to the index.
+    /// Batch: one syncfs makes every temp file durable, the renames follow, and a second
+    /// syncfs makes the renames (and any new directories) durable: two flushes per batch
+    /// instead of one fdatasync per file. None: renames only.
+    fn publish_pending(
+        &self,
+        mut pending: Vec<Pending<'_>>,
+        results: &mut [Result<(), StorageError>],
+    ) {
+        let batch = self.config.durability == Durability::Batch;
         if batch && !pending.is_empty() {
             if let Err(e) = self.syncfs() {
                 for p in pending.drain(..) {
@@ -625,6 +591,55 @@ impl StorageBackend for FileBackend {
                 },
             );
         }
+    }
+}
+
+impl StorageBackend for FileBackend {
+    fn name(&self) -> &'static str {
+        "file"
+    }
+
+    fn put_batch(&self, entries: &[(&str, &[u8])]) -> Vec<Result<(), StorageError>> {
+        if self.closed.load(Ordering::Acquire) {
+            return refuse_all(entries.len(), || StorageError::Closed);
+        }
+        let max = self.config.limits.max_batch_entries;
+        if entries.len() > max {
+            let len = entries.len();
+            return refuse_all(len, || StorageError::BatchTooLarge { len, max });
+        }
+        let limits = self.config.limits;
+        let mut results: Vec<Result<(), StorageError>> = entries
+            .iter()
+            .map(|(k, v)| check_entry(k, v.len() as u64, &limits))
+            .collect();
+        let _w = self.writer.lock();
+        if self.closed.load(Ordering::Acquire) {
+            return refuse_all(entries.len(), || StorageError::Closed);
+        }
+        let incoming: u64 = entries
+            .iter()
+            .zip(&results)
+            .filter(|(_, r)| r.is_ok())
+            .map(|((_, v), _)| v.len() as u64)
+            .sum();
+        self.evict_for(incoming);
+        let always = self.config.durability == Durability::Always;
+        let mut pending: Vec<Pending<'_>> = Vec::new();
+        for (i, (key, value)) in entries.iter().enumerate() {
+            if results[i].is_err() {
+                continue;
+            }
+            match self.stage(i, key, value, always) {
+                Err(e) => results[i] = Err(e),
+                Ok(p) if always => {
+                    let final_path = path_of(&self.root, p.hash, p.slot);
+                    results[i] = self.finish(&p, &final_path, true);
+                }
+                Ok(p) => pending.push(p),
+            }
+        }
+        self.publish_pending(pending, &mut results);
         results
     }
 

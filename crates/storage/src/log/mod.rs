@@ -682,6 +682,156 @@ impl LogBackend {
     }
 }
 
+/// The outcome of one batch entry, `None` until it is decided.
+type Outcome = Option<Result<(), StorageError>>;
+
+impl LogBackend {
+    /// The batch entries with a valid key and value, as items; the others' errors go to
+    /// `results`.
+    fn validate_batch<'a>(
+        &self,
+        entries: &[(&'a str, &'a [u8])],
+        results: &mut [Outcome],
+    ) -> Vec<Item<'a>> {
+        let mut items = Vec::with_capacity(entries.len());
+        for (index, &(key, value)) in entries.iter().enumerate() {
+            let len = value.len() as u64;
+            let verdict = self.check_key(key).and(self.check_value(len));
+            match verdict {
+                Err(e) => results[index] = Some(Err(e)),
+                Ok(()) => {
+                    let head = head_blocks(key.len() as u64);
+                    items.push(Item {
+                        index,
+                        key,
+                        value,
+                        head_blocks: head,
+                        blocks: head + value_blocks(len),
+                    });
+                }
+            }
+        }
+        items
+    }
+
+    /// Not enough contiguous space for `missing` blocks: recycles quarantined space (evicting
+    /// more when allowed). When that made progress, releases what `placed` got and the batch's
+    /// reservation so that the whole batch is tried again, and returns true.
+    fn make_room(
+        &self,
+        items: &[Item<'_>],
+        placed: &[Option<u64>],
+        missing: u64,
+        protected: &HashSet<&str>,
+        evicted_any: &mut bool,
+    ) -> bool {
+        let quarantined = self.quarantine_blocks.load(Ordering::SeqCst);
+        let mut evicted = Vec::new();
+        if self.config.eviction.enabled && quarantined < missing {
+            let _evicting = self.eviction_lock.lock();
+            evicted = self.evict_until(protected, |_, freed| quarantined + freed >= missing);
+        }
+        self.notify_evicted(&evicted);
+        *evicted_any |= !evicted.is_empty();
+        let progress = quarantined > 0 || !evicted.is_empty();
+        if progress {
+            self.release_unwritten(items, placed);
+            let reserved: u64 = items.iter().map(|i| i.value.len() as u64).sum();
+            self.reserved_bytes.fetch_sub(reserved, Ordering::SeqCst);
+        }
+        progress
+    }
+
+    /// Writes the items that were placed and publishes each written one; the rest are out of
+    /// space.
+    fn write_placed(
+        &self,
+        mut items: Vec<Item<'_>>,
+        placed: Vec<Option<u64>>,
+        results: &mut [Outcome],
+    ) {
+        let mut to_write = Vec::with_capacity(items.len());
+        let mut offsets = Vec::with_capacity(items.len());
+        for (item, offset) in items.drain(..).zip(placed) {
+            match offset {
+                Some(offset) => {
+                    to_write.push(item);
+                    offsets.push(offset);
+                }
+                None => {
+                    self.reserved_bytes
+                        .fetch_sub(item.value.len() as u64, Ordering::SeqCst);
+                    let free_blocks = self.allocator.lock().largest_free();
+                    results[item.index] = Some(Err(StorageError::NoSpace {
+                        needed: item.blocks * BLOCK_BYTES,
+                        available: free_blocks * BLOCK_BYTES,
+                    }));
+                }
+            }
+        }
+        let written = self.write_records(&to_write, &offsets);
+        for ((item, offset), outcome) in to_write.iter().zip(&offsets).zip(written) {
+            results[item.index] = Some(self.publish(item, *offset, outcome));
+            self.reserved_bytes
+                .fetch_sub(item.value.len() as u64, Ordering::SeqCst);
+        }
+    }
+
+    /// Puts the record of `item` written at `offset` into the index (unless a newer put of the
+    /// key won), retiring what it replaced; a failed write is retired so that recovery cannot
+    /// pick it up.
+    fn publish(
+        &self,
+        item: &Item<'_>,
+        offset: u64,
+        outcome: Result<(u64, u32), StorageError>,
+    ) -> Result<(), StorageError> {
+        let len = item.value.len() as u64;
+        let mine = Entry {
+            offset,
+            blocks: item.blocks,
+            value_len: len,
+            seq: 0,
+            data_crc: 0,
+            stamp: 0,
+        };
+        match outcome {
+            Ok((seq, data_crc)) => {
+                let entry = Entry {
+                    seq,
+                    data_crc,
+                    stamp: self.clock.fetch_add(1, Ordering::SeqCst),
+                    ..mine
+                };
+                match self.index.insert_if_newer(item.key, entry) {
+                    Ok(previous) => {
+                        self.used_bytes.fetch_add(len, Ordering::SeqCst);
+                        match previous {
+                            Some(old) => {
+                                self.used_bytes.fetch_sub(old.value_len, Ordering::SeqCst);
+                                let _ = self.retire(&old);
+                            }
+                            None => {
+                                self.object_count.fetch_add(1, Ordering::SeqCst);
+                            }
+                        }
+                    }
+                    // A concurrent put of the same key with a higher seq won.
+                    Err(()) => {
+                        let _ = self.retire(&entry);
+                    }
+                }
+                Ok(())
+            }
+            Err(e) => {
+                // Possibly half on disk: make sure recovery cannot pick it up.
+                let _ = self.retire(&mine);
+                Err(e)
+            }
+        }
+    }
+}
+
 impl StorageBackend for LogBackend {
     fn name(&self) -> &'static str {
         "log"
@@ -703,26 +853,8 @@ impl StorageBackend for LogBackend {
                 })
                 .collect();
         }
-        let mut results: Vec<Option<Result<(), StorageError>>> =
-            entries.iter().map(|_| None).collect();
-        let mut items = Vec::with_capacity(entries.len());
-        for (index, &(key, value)) in entries.iter().enumerate() {
-            let len = value.len() as u64;
-            let verdict = self.check_key(key).and(self.check_value(len));
-            match verdict {
-                Err(e) => results[index] = Some(Err(e)),
-                Ok(()) => {
-                    let head = head_blocks(key.len() as u64);
-                    items.push(Item {
-                        index,
-                        key,
-                        value,
-                        head_blocks: head,
-                        blocks: head + value_blocks(len),
-                    });
-                }
-            }
-        }
+        let mut results: Vec<Outcome> = entries.iter().map(|_| None).collect();
+        let mut items = self.validate_batch(entries, &mut results);
         let protected: HashSet<&str> = items.iter().map(|i| i.key).collect();
 
         let mut round = 0;
@@ -746,104 +878,24 @@ impl StorageBackend for LogBackend {
                 .filter(|(_, p)| p.is_none())
                 .map(|(i, _)| i.blocks)
                 .sum();
-            if missing > 0 && round < MAX_ALLOC_ROUNDS {
-                // Not enough contiguous space: recycle quarantined space (and evict more when
-                // allowed), then try the whole batch again.
-                let quarantined = self.quarantine_blocks.load(Ordering::SeqCst);
-                let mut evicted = Vec::new();
-                if self.config.eviction.enabled && quarantined < missing {
-                    let _evicting = self.eviction_lock.lock();
-                    evicted =
-                        self.evict_until(&protected, |_, freed| quarantined + freed >= missing);
-                }
-                self.notify_evicted(&evicted);
-                evicted_any |= !evicted.is_empty();
-                let progress = quarantined > 0 || !evicted.is_empty();
-                if progress {
-                    self.release_unwritten(&items, &placed);
-                    let reserved: u64 = items.iter().map(|i| i.value.len() as u64).sum();
-                    self.reserved_bytes.fetch_sub(reserved, Ordering::SeqCst);
-                    drop(gate);
-                    if let Err(e) = self.checkpoint() {
-                        let msg = e.to_string();
-                        for item in &items {
-                            results[item.index] = Some(Err(StorageError::Io {
-                                op: "checkpoint",
-                                source: io::Error::other(msg.clone()),
-                            }));
-                        }
-                        break;
-                    }
-                    continue;
-                }
-            }
-            // Write what was placed; the rest is out of space.
-            let mut to_write = Vec::with_capacity(items.len());
-            let mut offsets = Vec::with_capacity(items.len());
-            for (item, offset) in items.drain(..).zip(placed) {
-                match offset {
-                    Some(offset) => {
-                        to_write.push(item);
-                        offsets.push(offset);
-                    }
-                    None => {
-                        self.reserved_bytes
-                            .fetch_sub(item.value.len() as u64, Ordering::SeqCst);
-                        let free_blocks = self.allocator.lock().largest_free();
-                        results[item.index] = Some(Err(StorageError::NoSpace {
-                            needed: item.blocks * BLOCK_BYTES,
-                            available: free_blocks * BLOCK_BYTES,
+            if missing > 0
+                && round < MAX_ALLOC_ROUNDS
+                && self.make_room(&items, &placed, missing, &protected, &mut evicted_any)
+            {
+                drop(gate);
+                if let Err(e) = self.checkpoint() {
+                    let msg = e.to_string();
+                    for item in &items {
+                        results[item.index] = Some(Err(StorageError::Io {
+                            op: "checkpoint",
+                            source: io::Error::other(msg.clone()),
                         }));
                     }
+                    break;
                 }
+                continue;
             }
-            let written = self.write_records(&to_write, &offsets);
-            for ((item, offset), outcome) in to_write.iter().zip(&offsets).zip(written) {
-                let len = item.value.len() as u64;
-                let mine = Entry {
-                    offset: *offset,
-                    blocks: item.blocks,
-                    value_len: len,
-                    seq: 0,
-                    data_crc: 0,
-                    stamp: 0,
-                };
-                match outcome {
-                    Ok((seq, data_crc)) => {
-                        let entry = Entry {
-                            seq,
-                            data_crc,
-                            stamp: self.clock.fetch_add(1, Ordering::SeqCst),
-                            ..mine
-                        };
-                        match self.index.insert_if_newer(item.key, entry) {
-                            Ok(previous) => {
-                                self.used_bytes.fetch_add(len, Ordering::SeqCst);
-                                match previous {
-                                    Some(old) => {
-                                        self.used_bytes.fetch_sub(old.value_len, Ordering::SeqCst);
-                                        let _ = self.retire(&old);
-                                    }
-                                    None => {
-                                        self.object_count.fetch_add(1, Ordering::SeqCst);
-                                    }
-                                }
-                            }
-                            // A concurrent put of the same key with a higher seq won.
-                            Err(()) => {
-                                let _ = self.retire(&entry);
-                            }
-                        }
-                        results[item.index] = Some(Ok(()));
-                    }
-                    Err(e) => {
-                        // Possibly half on disk: make sure recovery cannot pick it up.
-                        let _ = self.retire(&mine);
-                        results[item.index] = Some(Err(e));
-                    }
-                }
-                self.reserved_bytes.fetch_sub(len, Ordering::SeqCst);
-            }
+            self.write_placed(items, placed, &mut results);
             drop(gate);
             break;
         }

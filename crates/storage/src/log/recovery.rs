@@ -175,26 +175,7 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
     let mut report = RecoveryReport::default();
 
     if !data_path.exists() {
-        // Create under a temporary name so that a crash never leaves a headerless data file.
-        let tmp = root.join(DATA_FILE_TMP);
-        let file = OpenOptions::new()
-            .read(true)
-            .write(true)
-            .create_new(true)
-            .open(&tmp)
-            .map_err(io_err("open"))?;
-        let header = FileHeader {
-            file_id: random_file_id(),
-            data_blocks: want_blocks,
-        };
-        preallocate(&file, file_bytes(want_blocks))?;
-        file.write_all_at(&header.encode_block(), 0)
-            .map_err(io_err("write"))?;
-        file.sync_all().map_err(io_err("fsync"))?;
-        std::fs::rename(&tmp, &data_path).map_err(io_err("rename"))?;
-        // A checkpoint left from an older data file must not be read against this one.
-        remove_if_exists(&root.join(CHECKPOINT_FILE))?;
-        sync_dir(root)?;
+        let (file, header) = create_data_file(root, &data_path, want_blocks)?;
         report.created = true;
         return Ok(Opened {
             lock,
@@ -207,55 +188,8 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
         });
     }
 
-    let file = OpenOptions::new()
-        .read(true)
-        .write(true)
-        .open(&data_path)
-        .map_err(io_err("open"))?;
-    let mut block0 = vec![0u8; BLOCK_BYTES as usize];
-    let got = read_up_to(&file, &mut block0, 0).map_err(io_err("read"))?;
-    let mut header =
-        FileHeader::decode_block(&block0[..got]).map_err(|reason| StorageError::Corrupt {
-            key: String::new(),
-            reason: format!("data file header: {reason} (refusing to open; nothing was changed)"),
-        })?;
-    let both_copies_ok = FileHeader::decode(&block0).is_ok()
-        && FileHeader::decode(&block0[format::FILE_HEADER_COPY_OFFSET..]).is_ok();
-    let len = file.metadata().map_err(io_err("stat"))?.len();
-    if len < file_bytes(header.data_blocks) {
-        report.missing_tail_bytes = file_bytes(header.data_blocks) - len;
-    }
-    if header.data_blocks < want_blocks || len < file_bytes(header.data_blocks) {
-        header.data_blocks = header.data_blocks.max(want_blocks);
-        preallocate(&file, file_bytes(header.data_blocks))?;
-    }
-    if !both_copies_ok || FileHeader::decode(&block0).ok() != Some(header) {
-        file.write_all_at(&header.encode_block(), 0)
-            .map_err(io_err("write"))?;
-        file.sync_data().map_err(io_err("fdatasync"))?;
-    }
-
-    // Checkpoint.
-    let mut checkpoint = None;
-    match std::fs::read(root.join(CHECKPOINT_FILE)) {
-        Ok(bytes) => match Checkpoint::decode(&bytes) {
-            Ok(c) if c.file_id != header.file_id => {
-                report.checkpoint_error = Some("checkpoint belongs to another data file".into());
-            }
-            Ok(c) if c.data_blocks > header.data_blocks => {
-                report.checkpoint_error = Some("checkpoint is larger than the data file".into());
-            }
-            Ok(c) => checkpoint = Some(c),
-            Err(reason) => report.checkpoint_error = Some(reason.to_string()),
-        },
-        Err(e) if e.kind() == ErrorKind::NotFound => {}
-        Err(e) => {
-            return Err(StorageError::Io {
-                op: "read",
-                source: e,
-            })
-        }
-    }
+    let (file, header, len) = open_data_file(&data_path, want_blocks, &mut report)?;
+    let checkpoint = read_checkpoint(root, &header, &mut report)?;
     report.checkpoint_loaded = checkpoint.is_some();
 
     let mut recover = Recoverer {
@@ -268,92 +202,14 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
         max_seq_seen: 0,
     };
     let mut winners: HashMap<String, Recovered> = HashMap::new();
-    let mut ckpt_ranges: Vec<(u64, u64)> = Vec::new();
     let min_scan_seq = checkpoint.as_ref().map_or(0, |c| c.next_seq);
-
-    if let Some(ckpt) = &checkpoint {
-        let mut entries: Vec<&format::CheckpointEntry> = ckpt.entries.iter().collect();
-        entries.sort_by_key(|e| e.offset);
-        for e in entries {
-            let blocks = format::record_blocks(e.key.len() as u64, e.value_len);
-            let placed = e.offset % BLOCK_BYTES == 0
-                && e.offset >= BLOCK_BYTES
-                && (e.offset / BLOCK_BYTES - 1)
-                    .checked_add(blocks)
-                    .is_some_and(|end| end <= header.data_blocks)
-                && ckpt_ranges
-                    .last()
-                    .is_none_or(|&(s, l)| s + l < e.offset / BLOCK_BYTES);
-            if !placed {
-                recover.drop_record(&e.key, "checkpoint entry out of range or overlapping");
-                continue;
-            }
-            // Last byte recovery needs: the value's, or the key's for an empty value.
-            let needed_end = if e.value_len == 0 {
-                e.offset + format::RECORD_HEADER_BYTES as u64 + e.key.len() as u64
-            } else {
-                e.offset + format::head_blocks(e.key.len() as u64) * BLOCK_BYTES + e.value_len
-            };
-            if needed_end > len {
-                // The file was cut short under this record. It may have been live or retired
-                // (its header is gone either way): counted apart from detected corruption.
-                recover.report.truncated += 1;
-                if recover.report.dropped.len() < MAX_REPORTED_DROPS {
-                    recover.report.dropped.push((
-                        e.key.clone(),
-                        "record lies past the end of the truncated file".into(),
-                    ));
-                }
-                continue;
-            }
-            if recover.header_is_zero(e.offset) {
-                recover.report.retired += 1;
-                continue;
-            }
-            match recover.verify(e.offset, Some(e)) {
-                Ok((_, h)) => {
-                    ckpt_ranges.push((e.offset / BLOCK_BYTES - 1, blocks));
-                    recover.report.from_checkpoint += 1;
-                    keep(
-                        &mut winners,
-                        recover.report,
-                        e.key.clone(),
-                        Recovered {
-                            offset: e.offset,
-                            blocks,
-                            value_len: h.value_len,
-                            seq: h.seq,
-                            data_crc: h.data_crc,
-                        },
-                    );
-                }
-                Err(reason) => recover.drop_record(&e.key, &reason),
-            }
-        }
-    }
-
-    // Scan the complement of the verified checkpoint records.
-    let mut cursor = 0u64;
-    let mut regions = Vec::new();
-    for &(s, l) in &ckpt_ranges {
-        if s > cursor {
-            regions.push((cursor, s));
-        }
-        cursor = s + l;
-    }
-    if cursor < header.data_blocks {
-        regions.push((cursor, header.data_blocks));
-    }
-    let mut found = Vec::new();
-    for (start, end) in regions {
-        recover
-            .scan_region(start, end, min_scan_seq, &mut found)
-            .map_err(io_err("read"))?;
-    }
-    for (key, rec) in found {
-        recover.report.from_scan += 1;
-        keep(&mut winners, recover.report, key, rec);
-    }
+    let ckpt_ranges = match &checkpoint {
+        Some(ckpt) => recover.recover_checkpoint(ckpt, len, &mut winners),
+        None => Vec::new(),
+    };
+    recover
+        .scan_complement(&ckpt_ranges, min_scan_seq, &mut winners)
+        .map_err(io_err("read"))?;
     let next_seq = min_scan_seq
         .max(recover.max_seq_seen.saturating_add(1))
         .max(1);
@@ -379,6 +235,103 @@ pub fn open(config: &BackendConfig, options: &LogOptions) -> Result<Opened, Stor
         next_seq,
         report,
     })
+}
+
+/// Creates the data file of `want_blocks` blocks (under a temporary name, so that a crash never
+/// leaves a headerless data file) and removes a checkpoint left from an older one.
+fn create_data_file(
+    root: &Path,
+    data_path: &Path,
+    want_blocks: u64,
+) -> Result<(File, FileHeader), StorageError> {
+    let tmp = root.join(DATA_FILE_TMP);
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create_new(true)
+        .open(&tmp)
+        .map_err(io_err("open"))?;
+    let header = FileHeader {
+        file_id: random_file_id(),
+        data_blocks: want_blocks,
+    };
+    preallocate(&file, file_bytes(want_blocks))?;
+    file.write_all_at(&header.encode_block(), 0)
+        .map_err(io_err("write"))?;
+    file.sync_all().map_err(io_err("fsync"))?;
+    std::fs::rename(&tmp, data_path).map_err(io_err("rename"))?;
+    // A checkpoint left from an older data file must not be read against this one.
+    remove_if_exists(&root.join(CHECKPOINT_FILE))?;
+    sync_dir(root)?;
+    Ok((file, header))
+}
+
+/// Opens the existing data file: decodes its header (refusing a bad one), grows it to
+/// `want_blocks` or back to its recorded size, and rewrites a header copy that is damaged or
+/// stale. Returns the file, its header and its length before growing.
+fn open_data_file(
+    data_path: &Path,
+    want_blocks: u64,
+    report: &mut RecoveryReport,
+) -> Result<(File, FileHeader, u64), StorageError> {
+    let file = OpenOptions::new()
+        .read(true)
+        .write(true)
+        .open(data_path)
+        .map_err(io_err("open"))?;
+    let mut block0 = vec![0u8; BLOCK_BYTES as usize];
+    let got = read_up_to(&file, &mut block0, 0).map_err(io_err("read"))?;
+    let mut header =
+        FileHeader::decode_block(&block0[..got]).map_err(|reason| StorageError::Corrupt {
+            key: String::new(),
+            reason: format!("data file header: {reason} (refusing to open; nothing was changed)"),
+        })?;
+    let both_copies_ok = FileHeader::decode(&block0).is_ok()
+        && FileHeader::decode(&block0[format::FILE_HEADER_COPY_OFFSET..]).is_ok();
+    let len = file.metadata().map_err(io_err("stat"))?.len();
+    if len < file_bytes(header.data_blocks) {
+        report.missing_tail_bytes = file_bytes(header.data_blocks) - len;
+    }
+    if header.data_blocks < want_blocks || len < file_bytes(header.data_blocks) {
+        header.data_blocks = header.data_blocks.max(want_blocks);
+        preallocate(&file, file_bytes(header.data_blocks))?;
+    }
+    if !both_copies_ok || FileHeader::decode(&block0).ok() != Some(header) {
+        file.write_all_at(&header.encode_block(), 0)
+            .map_err(io_err("write"))?;
+        file.sync_data().map_err(io_err("fdatasync"))?;
+    }
+    Ok((file, header, len))
+}
+
+/// The checkpoint, if there is one that belongs to this data file and fits in it; why one was
+/// ignored goes to `report.checkpoint_error`.
+fn read_checkpoint(
+    root: &Path,
+    header: &FileHeader,
+    report: &mut RecoveryReport,
+) -> Result<Option<Checkpoint>, StorageError> {
+    let mut checkpoint = None;
+    match std::fs::read(root.join(CHECKPOINT_FILE)) {
+        Ok(bytes) => match Checkpoint::decode(&bytes) {
+            Ok(c) if c.file_id != header.file_id => {
+                report.checkpoint_error = Some("checkpoint belongs to another data file".into());
+            }
+            Ok(c) if c.data_blocks > header.data_blocks => {
+                report.checkpoint_error = Some("checkpoint is larger than the data file".into());
+            }
+            Ok(c) => checkpoint = Some(c),
+            Err(reason) => report.checkpoint_error = Some(reason.to_string()),
+        },
+        Err(e) if e.kind() == ErrorKind::NotFound => {}
+        Err(e) => {
+            return Err(StorageError::Io {
+                op: "read",
+                source: e,
+            })
+        }
+    }
+    Ok(checkpoint)
 }
 
 fn keep(
@@ -424,6 +377,106 @@ struct Recoverer<'a> {
 }
 
 impl Recoverer<'_> {
+    /// Verifies the checkpoint's entries (in offset order) against the file `len` bytes long,
+    /// keeping each that holds; returns the block ranges of those verified, sorted.
+    fn recover_checkpoint(
+        &mut self,
+        ckpt: &Checkpoint,
+        len: u64,
+        winners: &mut HashMap<String, Recovered>,
+    ) -> Vec<(u64, u64)> {
+        let mut ckpt_ranges: Vec<(u64, u64)> = Vec::new();
+        let mut entries: Vec<&format::CheckpointEntry> = ckpt.entries.iter().collect();
+        entries.sort_by_key(|e| e.offset);
+        for e in entries {
+            let blocks = format::record_blocks(e.key.len() as u64, e.value_len);
+            let placed = e.offset % BLOCK_BYTES == 0
+                && e.offset >= BLOCK_BYTES
+                && (e.offset / BLOCK_BYTES - 1)
+                    .checked_add(blocks)
+                    .is_some_and(|end| end <= self.data_blocks)
+                && ckpt_ranges
+                    .last()
+                    .is_none_or(|&(s, l)| s + l < e.offset / BLOCK_BYTES);
+            if !placed {
+                self.drop_record(&e.key, "checkpoint entry out of range or overlapping");
+                continue;
+            }
+            // Last byte recovery needs: the value's, or the key's for an empty value.
+            let needed_end = if e.value_len == 0 {
+                e.offset + format::RECORD_HEADER_BYTES as u64 + e.key.len() as u64
+            } else {
+                e.offset + format::head_blocks(e.key.len() as u64) * BLOCK_BYTES + e.value_len
+            };
+            if needed_end > len {
+                // The file was cut short under this record. It may have been live or retired
+                // (its header is gone either way): counted apart from detected corruption.
+                self.report.truncated += 1;
+                if self.report.dropped.len() < MAX_REPORTED_DROPS {
+                    self.report.dropped.push((
+                        e.key.clone(),
+                        "record lies past the end of the truncated file".into(),
+                    ));
+                }
+                continue;
+            }
+            if self.header_is_zero(e.offset) {
+                self.report.retired += 1;
+                continue;
+            }
+            match self.verify(e.offset, Some(e)) {
+                Ok((_, h)) => {
+                    ckpt_ranges.push((e.offset / BLOCK_BYTES - 1, blocks));
+                    self.report.from_checkpoint += 1;
+                    keep(
+                        winners,
+                        self.report,
+                        e.key.clone(),
+                        Recovered {
+                            offset: e.offset,
+                            blocks,
+                            value_len: h.value_len,
+                            seq: h.seq,
+                            data_crc: h.data_crc,
+                        },
+                    );
+                }
+                Err(reason) => self.drop_record(&e.key, &reason),
+            }
+        }
+        ckpt_ranges
+    }
+
+    /// Scans the complement of the verified checkpoint records (`ckpt_ranges`, sorted) for
+    /// records from `min_scan_seq` on, and keeps those found.
+    fn scan_complement(
+        &mut self,
+        ckpt_ranges: &[(u64, u64)],
+        min_scan_seq: u64,
+        winners: &mut HashMap<String, Recovered>,
+    ) -> io::Result<()> {
+        let mut cursor = 0u64;
+        let mut regions = Vec::new();
+        for &(s, l) in ckpt_ranges {
+            if s > cursor {
+                regions.push((cursor, s));
+            }
+            cursor = s + l;
+        }
+        if cursor < self.data_blocks {
+            regions.push((cursor, self.data_blocks));
+        }
+        let mut found = Vec::new();
+        for (start, end) in regions {
+            self.scan_region(start, end, min_scan_seq, &mut found)?;
+        }
+        for (key, rec) in found {
+            self.report.from_scan += 1;
+            keep(winners, self.report, key, rec);
+        }
+        Ok(())
+    }
+
     fn drop_record(&mut self, key: &str, reason: &str) {
         self.report.dropped_corrupt += 1;
         if self.report.dropped.len() < MAX_REPORTED_DROPS {
