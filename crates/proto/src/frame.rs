@@ -3,7 +3,7 @@
 //! ```text
 //! offset size field
 //!   0     4   frame_len   u32 LE: bytes after this field (header rest + body), ≤ max_frame_bytes
-//!   4     1   version     u8, currently 1
+//!   4     1   version     u8, currently 2
 //!   5     1   kind        u8: 0 request, 1 response, 2 error response
 //!   6     2   method      u16 LE: method id (see `methods.rs`)
 //!   8     8   request_id  u64 LE: chosen by the client, echoed by the server
@@ -18,7 +18,7 @@ use mooncake_common::ErrorCode;
 use thiserror::Error;
 
 /// Protocol version this crate speaks.
-pub const PROTOCOL_VERSION: u8 = 1;
+pub const PROTOCOL_VERSION: u8 = 2;
 /// Bytes of the length prefix.
 pub const LEN_PREFIX_BYTES: usize = 4;
 /// Bytes of the fixed header, length prefix included.
@@ -232,7 +232,7 @@ mod tests {
     fn decodes_the_documented_example() {
         let bytes: [u8; 19] = [
             0x0f, 0x00, 0x00, 0x00, // frame_len = 15 (12 header bytes + 3 body bytes)
-            0x01, // version 1
+            0x02, // version 2
             0x00, // kind: request
             0x03, 0x00, // method 3
             0x2a, 0, 0, 0, 0, 0, 0, 0, // request id 42
@@ -298,7 +298,9 @@ mod tests {
         ));
         let mut version = BytesMut::from(&[12, 0, 0, 0, 9, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
         assert_eq!(decoder.decode(&mut version), Err(FrameError::Version(9)));
-        let mut kind = BytesMut::from(&[12, 0, 0, 0, 1, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
+        let mut old = BytesMut::from(&[12, 0, 0, 0, 1, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
+        assert_eq!(decoder.decode(&mut old), Err(FrameError::Version(1)));
+        let mut kind = BytesMut::from(&[12, 0, 0, 0, 2, 7, 0, 0, 0, 0, 0, 0, 0, 0, 0, 0][..]);
         assert_eq!(decoder.decode(&mut kind), Err(FrameError::Kind(7)));
     }
 

@@ -50,7 +50,7 @@ fn put_start_request_matches_the_documented_bytes() {
     #[rustfmt::skip]
     let bytes: [u8; 38] = [
         0x22, 0x00, 0x00, 0x00, // frame_len = 34 (12 header bytes + 22 body bytes)
-        0x01,                   // version 1
+        0x02,                   // version 2
         0x00,                   // kind: request
         0x06, 0x00,             // method 6 = PutStart
         0x01, 0, 0, 0, 0, 0, 0, 0, // request id 1
@@ -121,7 +121,7 @@ fn get_replica_list_reply_matches_the_documented_bytes() {
     #[rustfmt::skip]
     let bytes: [u8; 45] = [
         0x29, 0x00, 0x00, 0x00, // frame_len = 41 (12 + 29)
-        0x01,                   // version 1
+        0x02,                   // version 2
         0x01,                   // kind: response
         0x03, 0x00,             // method 3 = GetReplicaList
         0x01, 0, 0, 0, 0, 0, 0, 0, // request id 1
@@ -157,7 +157,7 @@ fn object_not_found_reply_matches_the_documented_bytes() {
     #[rustfmt::skip]
     let bytes: [u8; 19] = [
         0x0f, 0x00, 0x00, 0x00, // frame_len = 15 (12 + 3)
-        0x01,                   // version 1
+        0x02,                   // version 2
         0x01,                   // kind: response
         0x03, 0x00,             // method 3 = GetReplicaList
         0x02, 0, 0, 0, 0, 0, 0, 0, // request id 2
