@@ -10,7 +10,8 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use mooncake_master::{MasterService, MasterState};
 use parking_lot::Mutex;
 
-use crate::format::{decode, write_snapshot_counted};
+use crate::decode::decode;
+use crate::encode::write_snapshot_counted;
 use crate::{EncodeOptions, SnapshotError, SnapshotMeta, TakeReport};
 
 const PREFIX: &str = "snapshot-";
