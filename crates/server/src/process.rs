@@ -407,7 +407,7 @@ impl RunningMaster {
                 periodic.stop();
             }
             if let Some(snapshotter) = snapshotter {
-                let _ = snapshotter.take("final");
+                let _ = snapshotter.take_final();
             }
         })
         .await;
@@ -490,12 +490,11 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
         }
     };
     runtime.block_on(async move {
-        let (initial, skipped) = match crate::snapshot::load_at_start(&resolved.snapshot) {
+        let (initial, skipped, clean) = match crate::snapshot::load_at_start(&resolved.snapshot) {
             Ok(start) => (
-                start
-                    .loaded
-                    .map(|(_, state)| (state, RestoreOptions::default())),
+                start.loaded.map(|(_, state, options)| (state, options)),
                 Some(start.skipped),
+                start.clean_shutdown,
             ),
             Err(message) => {
                 tracing::error!("{message}");
@@ -511,10 +510,12 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
             }
         };
         if let (Some(snapshotter), Some(skipped)) = (master.snapshotter(), skipped) {
-            snapshotter
-                .metrics()
-                .restore_skipped_files
-                .store(skipped as u64, std::sync::atomic::Ordering::Relaxed);
+            let metrics = snapshotter.metrics();
+            let relaxed = std::sync::atomic::Ordering::Relaxed;
+            metrics.restore_skipped_files.store(skipped as u64, relaxed);
+            metrics
+                .restore_clean_shutdown
+                .store(u64::from(clean), relaxed);
         }
         if let Some(notice) = &resolved.notice {
             tracing::warn!("{notice}");

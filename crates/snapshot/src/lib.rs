@@ -82,6 +82,8 @@ impl Default for EncodeOptions {
 /// What [`SnapshotDir::take`] wrote.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct TakeReport {
+    /// The snapshot id (its header's, and its file name's number).
+    pub id: u64,
     /// The snapshot file (final name).
     pub path: PathBuf,
     /// Its size in bytes.

@@ -123,3 +123,59 @@ fn ids_increase_even_within_one_millisecond_and_after_reopen() {
         6
     );
 }
+
+#[test]
+fn a_clean_shutdown_mark_is_reported_until_cleared_and_only_on_the_newest_good_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = live::populated(10);
+    let dir = SnapshotDir::open(tmp.path(), 2).unwrap();
+    let first = dir.take(&m, 1, &EncodeOptions::default()).unwrap();
+    assert!(!dir.load_newest().unwrap().is_final);
+    dir.mark_final(&first).unwrap();
+    let out = dir.load_newest().unwrap();
+    assert!(out.is_final);
+    assert_eq!(out.loaded.unwrap().0, first.path);
+    // The mark is not a snapshot: listing and loading ignore it.
+    assert_eq!(dir.list().unwrap().len(), 1);
+    assert_eq!(dir.clear_final_marks().unwrap(), 1);
+    assert!(!dir.load_newest().unwrap().is_final);
+    assert_eq!(dir.clear_final_marks().unwrap(), 0);
+
+    // A newer file that does not verify means a master ran after the marked one: not final.
+    dir.mark_final(&first).unwrap();
+    let newer = dir.take(&m, 2, &EncodeOptions::default()).unwrap();
+    fs::write(&newer.path, b"not a snapshot").unwrap();
+    let out = dir.load_newest().unwrap();
+    assert_eq!(out.loaded.unwrap().0, first.path);
+    assert_eq!(out.skipped.len(), 1);
+    assert!(!out.is_final);
+
+    // Retention removes a pruned snapshot's mark with it.
+    let third = dir.take(&m, 3, &EncodeOptions::default()).unwrap();
+    assert!(!first.path.exists());
+    let marks = |d: &std::path::Path| {
+        fs::read_dir(d)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .ends_with(".final")
+            })
+            .count()
+    };
+    assert_eq!(marks(tmp.path()), 0);
+    dir.mark_final(&third).unwrap();
+    assert_eq!(marks(tmp.path()), 1);
+    assert!(dir.load_newest().unwrap().is_final);
+}
+
+#[test]
+fn a_directory_that_cannot_hold_files_is_refused_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    fs::write(&file, b"x").unwrap();
+    let err = SnapshotDir::open(file.join("snapshots"), 2).unwrap_err();
+    assert!(matches!(err, SnapshotError::Io(_)), "{err}");
+}
