@@ -1,4 +1,5 @@
-//! Taking and restoring snapshots of the master (docs/snapshot.md, "Taking and restoring").
+//! Taking and restoring snapshots of the master (docs/snapshot.md, "Taking" and "Restoring at
+//! start").
 //!
 //! A [`Snapshotter`] writes snapshots of the live master into its [`SnapshotDir`]: periodically
 //! on a thread of its own ([`PeriodicSnapshots`], never on the RPC runtime's workers), on demand
