@@ -279,17 +279,13 @@ fn snapshot_verb_with(port: u16, extra: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// The clean-shutdown marks in `dir`.
 fn final_marks(dir: &Path) -> usize {
-    std::fs::read_dir(dir)
+    mooncake_snapshot::SnapshotDir::open(dir, 2)
         .unwrap()
-        .filter(|e| {
-            e.as_ref()
-                .unwrap()
-                .file_name()
-                .to_string_lossy()
-                .ends_with(".final")
-        })
-        .count()
+        .final_marks()
+        .unwrap()
+        .len()
 }
 
 #[test]

@@ -150,17 +150,7 @@ impl RunningMaster {
         let snapshot_metrics = Arc::new(SnapshotMetrics::default());
         if let Some((state, options)) = initial {
             let report = master.restore(state, options)?;
-            use std::sync::atomic::Ordering::Relaxed;
-            snapshot_metrics.restored.store(1, Relaxed);
-            snapshot_metrics
-                .restored_objects
-                .store(report.objects as u64, Relaxed);
-            snapshot_metrics
-                .restored_segments
-                .store(report.segments as u64, Relaxed);
-            snapshot_metrics
-                .restore_dropped_objects
-                .store(report.dropped.objects() as u64, Relaxed);
+            snapshot_metrics.record_restore(&report);
             tracing::info!(
                 segments = report.segments,
                 objects = report.objects,

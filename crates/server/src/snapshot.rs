@@ -11,7 +11,7 @@
 //! [`load_at_start`] picks the newest snapshot that verifies for `--enable_snapshot_restore`,
 //! logging every file it skips and why.
 
-use mooncake_master::{MasterService, MasterState, RestoreOptions};
+use mooncake_master::{MasterService, MasterState, RestoreOptions, RestoreReport};
 use mooncake_snapshot::{join_on_threads, EncodeOptions, SnapshotDir, SnapshotError, TakeReport};
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -72,6 +72,21 @@ impl SnapshotMetrics {
         self.last_bytes.store(report.bytes, Ordering::Relaxed);
         self.last_objects.store(report.objects, Ordering::Relaxed);
         self.newest_ms.store(now_ms(), Ordering::Relaxed);
+    }
+
+    /// Records what the restore at start brought back.
+    pub fn record_restore(&self, report: &RestoreReport) {
+        for (metric, value) in [
+            (&self.restored, 1),
+            (&self.restored_objects, report.objects as u64),
+            (&self.restored_segments, report.segments as u64),
+            (
+                &self.restore_dropped_objects,
+                report.dropped.objects() as u64,
+            ),
+        ] {
+            metric.store(value, Ordering::Relaxed);
+        }
     }
 
     /// Appends the snapshot families in Prometheus text format; `master` gives the live restore

@@ -204,6 +204,23 @@ impl SnapshotDir {
         Ok(())
     }
 
+    /// The ids of the snapshots carrying a clean-shutdown mark.
+    pub fn final_marks(&self) -> Result<Vec<u64>, SnapshotError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.path)? {
+            let name = entry?.file_name();
+            let id: Option<u64> = name.to_str().filter(|n| is_final_mark(n)).and_then(|n| {
+                n.strip_prefix(PREFIX)?
+                    .strip_suffix(FINAL_SUFFIX)?
+                    .parse()
+                    .ok()
+            });
+            out.extend(id);
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
     /// Removes every clean-shutdown mark (fsyncing the directory); returns how many there were.
     /// A master calls this before it serves: from then on the state moves away from every
     /// snapshot in the directory.

@@ -153,21 +153,9 @@ fn a_clean_shutdown_mark_is_reported_until_cleared_and_only_on_the_newest_good_f
     // Retention removes a pruned snapshot's mark with it.
     let third = dir.take(&m, 3, &EncodeOptions::default()).unwrap();
     assert!(!first.path.exists());
-    let marks = |d: &std::path::Path| {
-        fs::read_dir(d)
-            .unwrap()
-            .filter(|e| {
-                e.as_ref()
-                    .unwrap()
-                    .file_name()
-                    .to_string_lossy()
-                    .ends_with(".final")
-            })
-            .count()
-    };
-    assert_eq!(marks(tmp.path()), 0);
+    assert_eq!(dir.final_marks().unwrap(), Vec::<u64>::new());
     dir.mark_final(&third).unwrap();
-    assert_eq!(marks(tmp.path()), 1);
+    assert_eq!(dir.final_marks().unwrap(), vec![third.id]);
     assert!(dir.load_newest().unwrap().is_final);
 }
 
