@@ -679,3 +679,85 @@ fn an_on_demand_snapshot_that_outlasts_the_rpc_timeout_is_reported_when_written(
     assert_eq!(snapshot_files(&dir).len(), 2);
     master.kill();
 }
+
+/// Polls (at most 30 s) until `key` reads back as `original` or is OBJECT_NOT_FOUND; it must
+/// never read back other bytes meanwhile.
+async fn wait_original_or_absent(c: &StoreClient, key: &str, original: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.get(key).await {
+            Ok(got) => {
+                assert!(got == original, "{key} came back with other bytes");
+                return;
+            }
+            Err(e) if e.code() == ErrorCode::OBJECT_NOT_FOUND => return,
+            Err(_) => {}
+        }
+        assert!(Instant::now() < deadline, "{key} neither readable nor gone");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn sigkill_after_a_periodic_snapshot_serves_exactly_what_it_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snapshots");
+    let port = free_port();
+    let flags = ["--enable_snapshot", "--snapshot_interval_seconds=3"];
+    let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &flags);
+    let _a = store_node(port, "64MiB");
+    let _b = store_node(port, "64MiB");
+    let rt = runtime();
+    let c = rt.block_on(client(port));
+    let before = rt.block_on(put_objects(&c, "before", 24));
+    // Wait for a periodic snapshot of them, then change things and crash.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while master.metric("mooncake_rs_snapshots_taken_total") < 1.0 {
+        assert!(Instant::now() < deadline, "no periodic snapshot in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = rt.block_on(put_objects(&c, "after", 6));
+    let (removed_key, removed_value) = before[5].clone();
+    rt.block_on(c.remove(&removed_key, true)).unwrap();
+    let reused = rt.block_on(put_objects(&c, "reuse", 6));
+    master.kill();
+
+    // What the newest snapshot holds is what must come back: periodic snapshots keep being
+    // taken, so the test reads it rather than guessing which one the crash left.
+    let newest = snapshot_files(&dir)[0].clone();
+    let (_, state) = mooncake_snapshot::decode(&std::fs::read(&newest).unwrap()).unwrap();
+    let held: std::collections::HashSet<String> =
+        state.objects.iter().map(|o| o.key.clone()).collect();
+    assert!(before
+        .iter()
+        .all(|(k, _)| *k == removed_key || held.contains(k)));
+    let master = Master::start(
+        port,
+        &dir,
+        &tmp.path().join("m2.log"),
+        &["--enable_snapshot_restore"],
+    );
+    assert!(master
+        .log_text()
+        .contains(&format!("restoring snapshot {}", newest.display())));
+    let (present, absent): (Vec<_>, Vec<_>) = before
+        .iter()
+        .chain(&after)
+        .chain(&reused)
+        .filter(|(k, _)| *k != removed_key)
+        .cloned()
+        .partition(|(k, _)| held.contains(k));
+    rt.block_on(wait_readable(&c, &present));
+    for (key, _) in &absent {
+        rt.block_on(wait_absent(&c, key, None));
+    }
+    // Removed after the snapshot: back with its own bytes if its range was not reused, else
+    // dropped by its node's check; never another object's bytes. (Absent if a later periodic
+    // snapshot saw the removal.)
+    if held.contains(&removed_key) {
+        rt.block_on(wait_original_or_absent(&c, &removed_key, &removed_value));
+    } else {
+        rt.block_on(wait_absent(&c, &removed_key, None));
+    }
+    master.kill();
+}
