@@ -205,7 +205,8 @@ impl RunningMaster {
             None => None,
         };
         let metrics = Arc::new(RpcMetrics::default());
-        let rpc_config = rpc_server_config(config);
+        let mut rpc_config = rpc_server_config(config);
+        rpc_config.auth_token = resolved.auth_token.clone();
         let handler = Arc::new(
             MasterRpc::new(master.clone(), metrics.clone(), Limits::default())
                 .with_snapshots(snapshotter.clone()),
@@ -232,6 +233,7 @@ impl RunningMaster {
             tenant_policy,
             snapshots: snapshotter.clone(),
             snapshot_metrics,
+            auth_token: resolved.auth_token.clone(),
         });
         let metrics_addr = serve_http(
             &mut tasks,
@@ -247,7 +249,7 @@ impl RunningMaster {
                     &mut tasks,
                     "metadata",
                     addr,
-                    metadata_router(MetadataStore::default()),
+                    metadata_router(MetadataStore::default(), resolved.auth_token.as_ref()),
                     stop_rx.clone(),
                 )
                 .await?,
@@ -490,6 +492,10 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
         }
     };
     runtime.block_on(async move {
+        // Before binding: an operator sees it even when a bind then fails.
+        if let Some(warning) = resolved.exposure_warning() {
+            tracing::warn!("{warning}");
+        }
         let (initial, skipped) = match crate::snapshot::load_at_start(&resolved.snapshot) {
             Ok(start) => (
                 start

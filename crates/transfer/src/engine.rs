@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
+use crate::auth::DataPortAuth;
 use crate::batch::{Batch, BatchState, Chunk, Op, TransferRequest};
 use crate::config::{TransferConfig, TransportMode};
 use crate::copy::{copy_crc32c, copy_streaming};
@@ -137,6 +138,8 @@ struct Inner {
     config: TransferConfig,
     registry: Arc<Registry>,
     endpoint: Arc<Endpoint>,
+    /// With the cluster's token: the capabilities of this engine's segments.
+    auth: Option<DataPortAuth>,
     host_id: String,
     page_bytes: usize,
     closed: AtomicBool,
@@ -181,9 +184,15 @@ impl TransferEngine {
         config.validate()?;
         let registry = Arc::new(Registry::default());
         let server_stats = Arc::new(ServerStats::default());
+        let instance_id: u64 = rand::random::<u64>() | 1; // never 0
+        let auth = config
+            .auth_token
+            .clone()
+            .map(|token| DataPortAuth::new(token, instance_id));
         let tcp_server = TcpServer::start(
             config.tcp_bind_addr,
             Arc::clone(&registry),
+            auth.clone(),
             ServerLimits {
                 max_connections: config.max_server_connections,
                 max_connections_per_peer: config.max_server_connections_per_peer,
@@ -192,7 +201,6 @@ impl TransferEngine {
             },
             Arc::clone(&server_stats),
         )?;
-        let instance_id: u64 = rand::random::<u64>() | 1; // never 0
         let host_id = config.host_id.clone().unwrap_or_else(local_host_id);
         let shm_server = if config.enable_shm_server {
             Some(ShmServer::start(
@@ -200,6 +208,7 @@ impl TransferEngine {
                 &format!("{instance_id:016x}"),
                 config.shm_socket_mode,
                 Arc::clone(&registry),
+                auth.clone(),
             )?)
         } else {
             None
@@ -227,6 +236,7 @@ impl TransferEngine {
             config,
             registry,
             endpoint,
+            auth,
             host_id,
             page_bytes: page_bytes(),
             closed: AtomicBool::new(false),
@@ -258,6 +268,16 @@ impl TransferEngine {
     /// The endpoint string peers use to reach this engine's segments.
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.inner.endpoint
+    }
+
+    /// The endpoint string to mount segment `segment_id` with: [`TransferEngine::endpoint`]
+    /// plus, when this engine has the cluster's token, the segment's capability (`&cap=HEX64`,
+    /// see `auth.rs`), which requesters must present before this engine serves the segment.
+    pub fn segment_endpoint(&self, segment_id: u64) -> String {
+        let capability = self.inner.auth.as_ref().map(|a| a.capability(segment_id));
+        Endpoint::clone(&self.inner.endpoint)
+            .with_capability(capability)
+            .to_string_with_capability()
     }
 
     /// The configuration in force.
@@ -830,7 +850,7 @@ impl Inner {
                 endpoint: remote.to_string(),
                 reason: "no shm socket in endpoint".into(),
             })?;
-        match shm::map_peer_segment(socket, segment_id) {
+        match shm::map_peer_segment(socket, segment_id, remote.capability()) {
             Ok(mapping) => {
                 let mapping = Arc::new(mapping);
                 let mut maps = self.shm_maps.lock();
