@@ -10,7 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
-use crate::auth::DataPortAuth;
+use crate::auth::{Capability, DataPortAuth};
 use crate::batch::{Batch, BatchState, Chunk, Op, TransferRequest};
 use crate::config::{TransferConfig, TransportMode};
 use crate::copy::{copy_crc32c, copy_streaming};
@@ -134,6 +134,13 @@ enum Route {
 
 type PeerKey = (u64, String);
 
+#[derive(Debug)]
+struct ShmFailure {
+    at: Instant,
+    error: TransferError,
+    capability: Option<Capability>,
+}
+
 struct Inner {
     config: TransferConfig,
     registry: Arc<Registry>,
@@ -148,7 +155,9 @@ struct Inner {
     copy_threads: Mutex<Vec<JoinHandle<()>>>,
     peers: Mutex<HashMap<PeerKey, Arc<TcpPeer>>>,
     shm_maps: Mutex<HashMap<(u64, u64), Arc<PeerMapping>>>,
-    shm_failures: Mutex<HashMap<(u64, u64), (Instant, TransferError)>>,
+    /// Recent failed handshakes per (instance, segment), with the capability they presented:
+    /// another capability (a fresh descriptor) tries again at once.
+    shm_failures: Mutex<HashMap<(u64, u64), ShmFailure>>,
     tcp_server: Mutex<Option<TcpServer>>,
     shm_server: Mutex<Option<ShmServer>>,
     server_stats: Arc<ServerStats>,
@@ -534,12 +543,7 @@ impl Inner {
             TransportMode::Tcp => Ok(Route::Tcp),
             TransportMode::Auto if !same_host => Ok(Route::Tcp),
             TransportMode::Auto => {
-                let key = (remote.instance_id(), segment_id);
-                let recently_failed = self
-                    .shm_failures
-                    .lock()
-                    .get(&key)
-                    .is_some_and(|(at, _)| at.elapsed() < SHM_RETRY_AFTER);
+                let recently_failed = self.recent_shm_failure(remote, segment_id).is_some();
                 Ok(if recently_failed {
                     Route::Tcp
                 } else {
@@ -552,6 +556,16 @@ impl Inner {
                 reason: "peer is not on this host or offers no shm socket".into(),
             }),
         }
+    }
+
+    /// The error of a handshake for this peer segment that failed less than `SHM_RETRY_AFTER`
+    /// ago with the same capability `remote` carries.
+    fn recent_shm_failure(&self, remote: &Endpoint, segment_id: u64) -> Option<TransferError> {
+        let failures = self.shm_failures.lock();
+        let failure = failures.get(&(remote.instance_id(), segment_id))?;
+        (failure.at.elapsed() < SHM_RETRY_AFTER
+            && failure.capability.as_ref() == remote.capability())
+        .then(|| failure.error.clone())
     }
 
     /// True when a shared-memory mapping of this peer segment is cached (no handshake needed).
@@ -839,10 +853,8 @@ impl Inner {
         if let Some(mapping) = self.shm_maps.lock().get(&key) {
             return Ok(Arc::clone(mapping));
         }
-        if let Some((at, err)) = self.shm_failures.lock().get(&key) {
-            if at.elapsed() < SHM_RETRY_AFTER {
-                return Err(err.clone());
-            }
+        if let Some(error) = self.recent_shm_failure(remote, segment_id) {
+            return Err(error);
         }
         let socket = remote
             .shm_path()
@@ -857,9 +869,12 @@ impl Inner {
                 Ok(Arc::clone(maps.entry(key).or_insert(mapping)))
             }
             Err(err) => {
-                self.shm_failures
-                    .lock()
-                    .insert(key, (Instant::now(), err.clone()));
+                let failure = ShmFailure {
+                    at: Instant::now(),
+                    error: err.clone(),
+                    capability: remote.capability().copied(),
+                };
+                self.shm_failures.lock().insert(key, failure);
                 Err(err)
             }
         }
