@@ -334,6 +334,98 @@ fn list_ids(root: &Path) -> Result<BTreeSet<u64>, StorageError> {
     Ok(ids)
 }
 
+/// Applies one bucket's recovered records to the index in order: a later put of a key moves it
+/// out of its older bucket (which is marked dirty and remembers the key that `left` it), a delete
+/// drops it.
+fn replay_ops(
+    index: &mut Index,
+    id: u64,
+    ops: Vec<Op>,
+    dirty: &mut BTreeSet<u64>,
+    left: &mut BTreeMap<u64, Vec<String>>,
+) {
+    for op in ops {
+        match op {
+            Op::Put(key, offset, size) => {
+                let loc = Loc {
+                    bucket: id,
+                    offset,
+                    size,
+                };
+                if let Some(old) = index.map.insert(key.clone(), loc) {
+                    index.used_bytes -= old.size;
+                    if let Some(b) = index.sealed.get_mut(&old.bucket) {
+                        b.live.remove(&key);
+                    }
+                    if old.bucket != id {
+                        dirty.insert(old.bucket);
+                        left.entry(old.bucket).or_default().push(key.clone());
+                    }
+                }
+                index.used_bytes += size;
+                if let Some(b) = index.sealed.get_mut(&id) {
+                    b.live.insert(key, (offset, size));
+                }
+            }
+            Op::Del(key) => {
+                if let Some(old) = index.map.remove(&key) {
+                    index.used_bytes -= old.size;
+                    if let Some(b) = index.sealed.get_mut(&old.bucket) {
+                        b.live.remove(&key);
+                    }
+                    dirty.insert(old.bucket);
+                    if old.bucket != id {
+                        left.entry(old.bucket).or_default().push(key);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Persists what recovery changed: new metas for scanned buckets, rewritten metas for buckets
+/// that lost keys, deletion of empty buckets.
+fn persist_recovery(
+    root: &Path,
+    index: &mut Index,
+    dirty: BTreeSet<u64>,
+    left: &BTreeMap<u64, Vec<String>>,
+    durable: bool,
+) -> Result<(), StorageError> {
+    // Persist what recovery changed: new metas for scanned buckets, rewritten metas for
+    // buckets that lost keys, deletion of empty buckets.
+    // Keys that left a bucket because of a later record get a tombstone in it (as in normal
+    // operation), so that a later scan of that bucket cannot resurrect them.
+    for id in dirty {
+        let Some(b) = index.sealed.get_mut(&id) else {
+            continue;
+        };
+        if b.live.is_empty() {
+            index.sealed.remove(&id);
+            remove_quietly(&data_path(root, id));
+            remove_quietly(&meta_path(root, id));
+        } else {
+            if let Some(keys) = left.get(&id) {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                b.data_len = append_tombstones(root, id, b.data_len, &keys, 0, durable)?;
+            }
+            write_meta(root, id, b.data_len, &b.live, durable)?;
+        }
+    }
+    let empty: Vec<u64> = index
+        .sealed
+        .iter()
+        .filter(|(_, b)| b.live.is_empty())
+        .map(|(id, _)| *id)
+        .collect();
+    for id in empty {
+        index.sealed.remove(&id);
+        remove_quietly(&data_path(root, id));
+        remove_quietly(&meta_path(root, id));
+    }
+    Ok(())
+}
+
 impl BucketBackend {
     /// Opens or recovers the store under `config.root` with default [`BucketOptions`].
     pub fn open(config: BackendConfig) -> Result<BucketBackend, StorageError> {
@@ -409,75 +501,9 @@ impl BucketBackend {
                     data_len: final_len,
                 },
             );
-            for op in ops {
-                match op {
-                    Op::Put(key, offset, size) => {
-                        let loc = Loc {
-                            bucket: id,
-                            offset,
-                            size,
-                        };
-                        if let Some(old) = index.map.insert(key.clone(), loc) {
-                            index.used_bytes -= old.size;
-                            if let Some(b) = index.sealed.get_mut(&old.bucket) {
-                                b.live.remove(&key);
-                            }
-                            if old.bucket != id {
-                                dirty.insert(old.bucket);
-                                left.entry(old.bucket).or_default().push(key.clone());
-                            }
-                        }
-                        index.used_bytes += size;
-                        if let Some(b) = index.sealed.get_mut(&id) {
-                            b.live.insert(key, (offset, size));
-                        }
-                    }
-                    Op::Del(key) => {
-                        if let Some(old) = index.map.remove(&key) {
-                            index.used_bytes -= old.size;
-                            if let Some(b) = index.sealed.get_mut(&old.bucket) {
-                                b.live.remove(&key);
-                            }
-                            dirty.insert(old.bucket);
-                            if old.bucket != id {
-                                left.entry(old.bucket).or_default().push(key);
-                            }
-                        }
-                    }
-                }
-            }
+            replay_ops(&mut index, id, ops, &mut dirty, &mut left);
         }
-        // Persist what recovery changed: new metas for scanned buckets, rewritten metas for
-        // buckets that lost keys, deletion of empty buckets.
-        // Keys that left a bucket because of a later record get a tombstone in it (as in normal
-        // operation), so that a later scan of that bucket cannot resurrect them.
-        for id in dirty {
-            let Some(b) = index.sealed.get_mut(&id) else {
-                continue;
-            };
-            if b.live.is_empty() {
-                index.sealed.remove(&id);
-                remove_quietly(&data_path(&root, id));
-                remove_quietly(&meta_path(&root, id));
-            } else {
-                if let Some(keys) = left.get(&id) {
-                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    b.data_len = append_tombstones(&root, id, b.data_len, &keys, 0, durable)?;
-                }
-                write_meta(&root, id, b.data_len, &b.live, durable)?;
-            }
-        }
-        let empty: Vec<u64> = index
-            .sealed
-            .iter()
-            .filter(|(_, b)| b.live.is_empty())
-            .map(|(id, _)| *id)
-            .collect();
-        for id in empty {
-            index.sealed.remove(&id);
-            remove_quietly(&data_path(&root, id));
-            remove_quietly(&meta_path(&root, id));
-        }
+        persist_recovery(&root, &mut index, dirty, &left, durable)?;
         if durable {
             sync_dir(&root)?;
         }
