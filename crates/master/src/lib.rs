@@ -33,6 +33,7 @@ mod apply;
 mod audit;
 mod clients;
 pub mod config;
+mod counters;
 mod deferred;
 mod eviction;
 mod handle;
@@ -66,6 +67,7 @@ pub use apply::ApplyError;
 pub use audit::AccountingReport;
 pub use clients::PING_QUEUE_CAPACITY;
 pub use config::{ConfigError, MasterServiceConfig};
+pub use counters::MasterCounters;
 pub use eviction::EvictionReport;
 pub use handle::{MasterService, ObserverAlreadySet, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES};
 pub use index::{SHARD_COUNT, STRIPE_COUNT};
@@ -79,7 +81,7 @@ pub use restore::{
     MAX_UNVERIFIED_PAGE, MAX_UNVERIFIED_PAGE_BYTES,
 };
 pub use segments::SegmentUsage;
-pub use stats::{MasterCounters, ObjectCensus};
+pub use stats::ObjectCensus;
 pub use strategy::AllocationStrategy;
 pub use tasks::TaskLimits;
 pub use unverified::VerificationStats;

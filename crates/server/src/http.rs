@@ -175,72 +175,8 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         Err(_) => return error_response(ErrorCode::INTERNAL_ERROR, None),
     };
     let master = &state.master;
-    let usage = master.segment_usage();
-    let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
-    let mut clients: Vec<_> = usage.iter().map(|u| u.client).collect();
-    clients.sort_unstable();
-    clients.dedup();
     let mut out = String::with_capacity(16 << 10);
-    gauge(
-        &mut out,
-        "master_allocated_bytes",
-        "Total memory bytes currently allocated across all segments",
-        allocated as f64,
-    );
-    gauge(
-        &mut out,
-        "master_total_capacity_bytes",
-        "Total memory capacity across all mounted segments",
-        master.total_capacity_bytes() as f64,
-    );
-    gauge(
-        &mut out,
-        "master_key_count",
-        "Total number of keys managed by the master",
-        census.objects as f64,
-    );
-    gauge(
-        &mut out,
-        "master_soft_pin_key_count",
-        "Total number of soft-pinned keys managed by the master",
-        census.soft_pinned as f64,
-    );
-    gauge(
-        &mut out,
-        "mem_cache_nums_",
-        "Current number of cached values in the memory pool",
-        census.in_memory as f64,
-    );
-    gauge(
-        &mut out,
-        "master_active_clients",
-        "Total number of clients with mounted segments",
-        clients.len() as f64,
-    );
-    gauge(
-        &mut out,
-        "master_mounted_segments",
-        "Number of mounted segments",
-        usage.len() as f64,
-    );
-    let _ = writeln!(out, "# HELP segment_allocated_bytes Total memory bytes currently allocated of the segment\n# TYPE segment_allocated_bytes gauge");
-    for u in &usage {
-        let _ = writeln!(
-            out,
-            "segment_allocated_bytes{{segment=\"{}\"}} {}",
-            escape_label(&u.name),
-            u.used_bytes.unwrap_or(0)
-        );
-    }
-    let _ = writeln!(out, "# HELP segment_total_capacity_bytes Total memory capacity of the mounted segment\n# TYPE segment_total_capacity_bytes gauge");
-    for u in &usage {
-        let _ = writeln!(
-            out,
-            "segment_total_capacity_bytes{{segment=\"{}\"}} {}",
-            escape_label(&u.name),
-            u.capacity_bytes
-        );
-    }
+    render_capacity(master, &census, &mut out);
     state.metrics.render(&mut out);
     state.workers.render(&mut out);
     state.snapshot_metrics.render(master, &mut out);
@@ -264,72 +200,151 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         census.discarded_staging_bytes as f64,
     );
     if let Some(stats) = &state.rpc_stats {
-        use std::sync::atomic::Ordering::Relaxed;
-        gauge(
-            &mut out,
-            "master_rpc_connections_open",
-            "RPC connections open now",
-            stats.connections_open.load(Relaxed) as f64,
-        );
-        crate::metrics::counter(
-            &mut out,
-            "master_rpc_connections_refused_total",
-            "RPC connections refused at the connection limit",
-            stats.connections_refused.load(Relaxed),
-        );
-        crate::metrics::counter(
-            &mut out,
-            "master_rpc_frame_errors_total",
-            "Malformed frames received",
-            stats.frame_errors.load(Relaxed),
-        );
-        // The limits against idle, slow and hostile peers (docs/security.md).
-        for (name, help, value) in [
-            (
-                "master_rpc_connections_evicted_total",
-                "RPC connections closed to make room for a new one",
-                &stats.connections_evicted,
-            ),
-            (
-                "master_rpc_handshake_timeouts_total",
-                "RPC connections closed for making no valid request in time",
-                &stats.handshake_timeouts,
-            ),
-            (
-                "master_rpc_idle_timeouts_total",
-                "Identified RPC connections closed by the idle timeout",
-                &stats.idle_timeouts,
-            ),
-            (
-                "master_rpc_frame_timeouts_total",
-                "RPC connections closed for a frame or a write of answers taking too long",
-                &stats.frame_timeouts,
-            ),
-            (
-                "master_rpc_oversized_requests_total",
-                "Request frames refused from their header (over their method's limit)",
-                &stats.oversized_requests,
-            ),
-            (
-                "master_rpc_budget_waits_total",
-                "Large request frames that waited for the shared buffer budget",
-                &stats.budget_waits,
-            ),
-            (
-                "master_rpc_frames_shed_total",
-                "Partial large frames dropped to give their budget to an older wait",
-                &stats.frames_shed,
-            ),
-            (
-                "master_rpc_auth_failures_total",
-                "RPC connections closed for a wrong token or a request before authenticating",
-                &stats.auth_failures,
-            ),
-        ] {
-            crate::metrics::counter(&mut out, name, help, value.load(Relaxed));
-        }
+        render_rpc_limits(stats, &mut out);
     }
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// Capacity, key and segment gauges of `/metrics` (upstream's family names).
+fn render_capacity(
+    master: &MasterService,
+    census: &mooncake_master::ObjectCensus,
+    out: &mut String,
+) {
+    let usage = master.segment_usage();
+    let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
+    let mut clients: Vec<_> = usage.iter().map(|u| u.client).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    gauge(
+        out,
+        "master_allocated_bytes",
+        "Total memory bytes currently allocated across all segments",
+        allocated as f64,
+    );
+    gauge(
+        out,
+        "master_total_capacity_bytes",
+        "Total memory capacity across all mounted segments",
+        master.total_capacity_bytes() as f64,
+    );
+    gauge(
+        out,
+        "master_key_count",
+        "Total number of keys managed by the master",
+        census.objects as f64,
+    );
+    gauge(
+        out,
+        "master_soft_pin_key_count",
+        "Total number of soft-pinned keys managed by the master",
+        census.soft_pinned as f64,
+    );
+    gauge(
+        out,
+        "mem_cache_nums_",
+        "Current number of cached values in the memory pool",
+        census.in_memory as f64,
+    );
+    gauge(
+        out,
+        "master_active_clients",
+        "Total number of clients with mounted segments",
+        clients.len() as f64,
+    );
+    gauge(
+        out,
+        "master_mounted_segments",
+        "Number of mounted segments",
+        usage.len() as f64,
+    );
+    let _ = writeln!(out, "# HELP segment_allocated_bytes Total memory bytes currently allocated of the segment\n# TYPE segment_allocated_bytes gauge");
+    for u in &usage {
+        let _ = writeln!(
+            out,
+            "segment_allocated_bytes{{segment=\"{}\"}} {}",
+            escape_label(&u.name),
+            u.used_bytes.unwrap_or(0)
+        );
+    }
+    let _ = writeln!(out, "# HELP segment_total_capacity_bytes Total memory capacity of the mounted segment\n# TYPE segment_total_capacity_bytes gauge");
+    for u in &usage {
+        let _ = writeln!(
+            out,
+            "segment_total_capacity_bytes{{segment=\"{}\"}} {}",
+            escape_label(&u.name),
+            u.capacity_bytes
+        );
+    }
+}
+
+/// The RPC server's connection counters and its limits against idle, slow and hostile peers
+/// (docs/security.md).
+fn render_rpc_limits(stats: &mooncake_rpc::ServerStats, out: &mut String) {
+    use std::sync::atomic::Ordering::Relaxed;
+    gauge(
+        out,
+        "master_rpc_connections_open",
+        "RPC connections open now",
+        stats.connections_open.load(Relaxed) as f64,
+    );
+    crate::metrics::counter(
+        out,
+        "master_rpc_connections_refused_total",
+        "RPC connections refused at the connection limit",
+        stats.connections_refused.load(Relaxed),
+    );
+    crate::metrics::counter(
+        out,
+        "master_rpc_frame_errors_total",
+        "Malformed frames received",
+        stats.frame_errors.load(Relaxed),
+    );
+    // The limits against idle, slow and hostile peers (docs/security.md).
+    for (name, help, value) in [
+        (
+            "master_rpc_connections_evicted_total",
+            "RPC connections closed to make room for a new one",
+            &stats.connections_evicted,
+        ),
+        (
+            "master_rpc_handshake_timeouts_total",
+            "RPC connections closed for making no valid request in time",
+            &stats.handshake_timeouts,
+        ),
+        (
+            "master_rpc_idle_timeouts_total",
+            "Identified RPC connections closed by the idle timeout",
+            &stats.idle_timeouts,
+        ),
+        (
+            "master_rpc_frame_timeouts_total",
+            "RPC connections closed for a frame or a write of answers taking too long",
+            &stats.frame_timeouts,
+        ),
+        (
+            "master_rpc_oversized_requests_total",
+            "Request frames refused from their header (over their method's limit)",
+            &stats.oversized_requests,
+        ),
+        (
+            "master_rpc_budget_waits_total",
+            "Large request frames that waited for the shared buffer budget",
+            &stats.budget_waits,
+        ),
+        (
+            "master_rpc_frames_shed_total",
+            "Partial large frames dropped to give their budget to an older wait",
+            &stats.frames_shed,
+        ),
+        (
+            "master_rpc_auth_failures_total",
+            "RPC connections closed for a wrong token or a request before authenticating",
+            &stats.auth_failures,
+        ),
+    ] {
+        crate::metrics::counter(out, name, help, value.load(Relaxed));
+    }
 }
 
 fn escape_label(value: &str) -> String {
