@@ -4,15 +4,22 @@
 //! Error bodies are `{"success":false,"error_code":<int>,"error_message":<name>}` with upstream's
 //! status mapping. Unlike upstream, `/query_key` does not grant a lease: an admin looking at a key
 //! must not block its removal for ten seconds.
+//!
+//! With the cluster's token (`--auth_token_file`), every endpoint except the monitoring ones
+//! ([`OPEN_ADMIN_PATHS`]: metrics, health, role) needs `Authorization: Bearer TOKEN`: the
+//! mutations (`remove_all`, `snapshot`, tenant quotas) and the reads that reveal keys or replica
+//! descriptors (whose endpoints carry data-port capabilities). A missing or wrong token is
+//! answered 401 with `ILLEGAL_CLIENT` (-601) and does nothing.
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::extract::{Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use mooncake_common::{
-    format_size, ErrorCode, ReplicaDescriptor, ReplicaKind, ReplicaStatus, SegmentStatus,
+    format_size, AuthToken, ErrorCode, ReplicaDescriptor, ReplicaKind, ReplicaStatus, SegmentStatus,
 };
 use mooncake_master::MasterService;
 use parking_lot::RwLock;
@@ -36,6 +43,66 @@ pub struct AdminState {
     /// The snapshot writer (`POST /api/v1/snapshot`), when a snapshot directory is configured.
     pub snapshots: Option<Arc<crate::snapshot::Snapshotter>>,
     pub snapshot_metrics: Arc<crate::snapshot::SnapshotMetrics>,
+    /// The cluster's token: required (`Authorization: Bearer`) by every endpoint but the
+    /// monitoring ones.
+    pub auth_token: Option<AuthToken>,
+}
+
+/// Admin paths served without a token even when one is configured: monitoring only (no key,
+/// no descriptor, no mutation).
+pub const OPEN_ADMIN_PATHS: &[&str] = &[
+    "/metrics",
+    "/metrics/summary",
+    "/health",
+    "/role",
+    "/ha_status",
+    "/leader",
+];
+
+/// Lets a request through only with `Authorization: Bearer <token>` (scheme case-insensitive,
+/// token compared in constant time); 401 with `ILLEGAL_CLIENT` otherwise.
+async fn require_bearer(State(token): State<AuthToken>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| {
+            let value = value.as_bytes();
+            let space = value.iter().position(|&b| b == b' ')?;
+            let (scheme, rest) = value.split_at(space);
+            scheme
+                .eq_ignore_ascii_case(b"bearer")
+                .then(|| rest.trim_ascii())
+        });
+    let why = match presented {
+        Some(presented) if token.verify(presented) => return next.run(request).await,
+        Some(_) => "wrong token",
+        None => "authentication required: send Authorization: Bearer <token> (the master's --auth_token_file)",
+    };
+    let body = json!({
+        "success": false,
+        "error_code": ErrorCode::ILLEGAL_CLIENT.as_i32(),
+        "error_message": why,
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+/// `router` behind [`require_bearer`] when a token is configured.
+fn guarded<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    token: Option<&AuthToken>,
+) -> Router<S> {
+    match token {
+        Some(token) => router.route_layer(middleware::from_fn_with_state(
+            token.clone(),
+            require_bearer,
+        )),
+        None => router,
+    }
 }
 
 /// Upstream's status mapping for error bodies.
@@ -67,7 +134,8 @@ fn text(body: String) -> Response {
 
 /// The admin router.
 pub fn admin_router(state: AdminState) -> Router {
-    Router::new()
+    let token = state.auth_token.clone();
+    let open = Router::new()
         .route("/metrics", get(metrics))
         .route("/metrics/summary", get(summary))
         .route("/health", get(health))
@@ -78,7 +146,8 @@ pub fn admin_router(state: AdminState) -> Router {
             get(|| async {
                 axum::Json(json!({"present": false, "leader_address": null, "view_version": null}))
             }),
-        )
+        );
+    let protected = Router::new()
         .route("/query_key", get(query_key))
         .route("/batch_query_keys", get(batch_query_keys))
         .route("/get_all_keys", get(get_all_keys))
@@ -93,7 +162,8 @@ pub fn admin_router(state: AdminState) -> Router {
             get(tenant_quotas_get)
                 .put(tenant_quotas_put)
                 .delete(tenant_quotas_delete),
-        )
+        );
+    open.merge(guarded(protected, token.as_ref()))
         .with_state(state)
 }
 
@@ -266,6 +336,11 @@ fn render_rpc_limits(stats: &mooncake_rpc::ServerStats, out: &mut String) {
             "master_rpc_frames_shed_total",
             "Partial large frames dropped to give their budget to an older wait",
             &stats.frames_shed,
+        ),
+        (
+            "master_rpc_auth_failures_total",
+            "RPC connections closed for a wrong token or a request before authenticating",
+            &stats.auth_failures,
         ),
     ] {
         crate::metrics::counter(out, name, help, value.load(Relaxed));
@@ -645,13 +720,14 @@ pub const MAX_METADATA_VALUE_BYTES: usize = 1 << 20;
 /// Most keys the metadata store holds.
 pub const MAX_METADATA_KEYS: usize = 100_000;
 
-/// The metadata router: GET/PUT/DELETE `/metadata?key=`, GET `/health`.
-pub fn metadata_router(store: MetadataStore) -> Router {
-    Router::new()
-        .route(
-            "/metadata",
-            get(metadata_get).put(metadata_put).delete(metadata_delete),
-        )
+/// The metadata router: GET/PUT/DELETE `/metadata?key=` (behind the bearer token when one is
+/// configured), GET `/health`.
+pub fn metadata_router(store: MetadataStore, auth_token: Option<&AuthToken>) -> Router {
+    let metadata = Router::new().route(
+        "/metadata",
+        get(metadata_get).put(metadata_put).delete(metadata_delete),
+    );
+    guarded(metadata, auth_token)
         .route("/health", get(|| async { "OK" }))
         .layer(axum::extract::DefaultBodyLimit::max(
             MAX_METADATA_VALUE_BYTES,

@@ -155,7 +155,8 @@ impl RunningMaster {
         let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
         let snapshotter = open_snapshotter(&master, resolved, &snapshot_metrics)?;
         let metrics = Arc::new(RpcMetrics::default());
-        let rpc_config = rpc_server_config(config);
+        let mut rpc_config = rpc_server_config(config);
+        rpc_config.auth_token = resolved.auth_token.clone();
         let handler = Arc::new(
             MasterRpc::new(master.clone(), metrics.clone(), Limits::default())
                 .with_snapshots(snapshotter.clone()),
@@ -182,6 +183,7 @@ impl RunningMaster {
             tenant_policy,
             snapshots: snapshotter.clone(),
             snapshot_metrics,
+            auth_token: resolved.auth_token.clone(),
         });
         let metrics_addr = serve_http(
             &mut tasks,
@@ -197,7 +199,7 @@ impl RunningMaster {
                     &mut tasks,
                     "metadata",
                     addr,
-                    metadata_router(MetadataStore::default()),
+                    metadata_router(MetadataStore::default(), resolved.auth_token.as_ref()),
                     stop_rx.clone(),
                 )
                 .await?,
@@ -521,6 +523,10 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
         }
     };
     runtime.block_on(async move {
+        // Before binding: an operator sees it even when a bind then fails.
+        if let Some(warning) = resolved.exposure_warning() {
+            tracing::warn!("{warning}");
+        }
         let (initial, skipped) = match crate::snapshot::load_at_start(&resolved.snapshot) {
             Ok(start) => (
                 start
