@@ -59,16 +59,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     if let Some(bytes) = args.serve_bytes {
         return serve(bytes);
     }
-    let mut sizes = Vec::new();
-    for text in &args.sizes {
-        let size = mooncake_common::parse_size(text).with_context(|| format!("size {text:?}"))?;
-        sizes.push(usize::try_from(size)?);
-    }
-    let mut batch_sizes = Vec::new();
-    for text in &args.batch_sizes {
-        let size = mooncake_common::parse_size(text).with_context(|| format!("size {text:?}"))?;
-        batch_sizes.push(usize::try_from(size)?);
-    }
+    let sizes = parse_sizes(&args.sizes)?;
+    let batch_sizes = parse_sizes(&args.batch_sizes)?;
     let max_size = sizes.iter().copied().max().unwrap_or(0).max(1);
     let max_inflight = args.inflight.iter().copied().max().unwrap_or(1).max(1);
     let slot = max_size;
@@ -101,15 +93,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     } else {
         Vec::new()
     };
-    let best_iperf = |iperf: &[(usize, &str, Option<f64>)], streams: usize| {
-        iperf
-            .iter()
-            .filter(|(n, _, _)| *n == streams)
-            .filter_map(|(_, _, v)| *v)
-            .fold(None, |best: Option<f64>, v| {
-                Some(best.map_or(v, |b| b.max(v)))
-            })
-    };
 
     let mut rows = Vec::new();
     for transport in &args.transports {
@@ -127,63 +110,13 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             other => bail!("unknown transport {other:?} (tcp, shm)"),
         };
         for (label, mode, streams) in configs {
-            let engine = TransferEngine::start(TransferConfig {
-                transport: mode,
-                connections_per_peer: streams,
-                copy_threads: args.copy_threads,
-                enable_shm_server: false,
-                ..TransferConfig::default()
-            })?;
-            let local = engine.allocate_local_buffer(region_bytes)?;
-            local.write_at(0, &vec![0xa5; region_bytes])?; // fault every page in up front
-                                                           // Single-entry batches with 1 / N outstanding, then whole batches of small entries.
-            let mut shapes: Vec<(usize, usize, &[usize])> =
-                args.inflight.iter().map(|&n| (n, 1, &sizes[..])).collect();
-            if args.batch_entries > 1 {
-                shapes.push((1, args.batch_entries, &batch_sizes[..]));
-            }
-            for &(inflight, batch_entries, shape_sizes) in &shapes {
-                for &size in shape_sizes {
-                    for write in [false, true] {
-                        let case = Case {
-                            size,
-                            inflight,
-                            batch_entries,
-                            write,
-                            slot,
-                        };
-                        // Shared-memory limit: single-thread memcpy of the same size over the same
-                        // working set (one slot per entry in flight), measured right before the
-                        // case so both see the same machine load.
-                        // Each case runs `reps` times (limit, then case); the row shows the
-                        // medians, which a shared, noisy machine needs.
-                        let mut rates = Vec::new();
-                        let mut limits = Vec::new();
-                        let mut latencies_us = Vec::new();
-                        for _ in 0..args.reps.max(1) {
-                            if mode != TransportMode::Tcp {
-                                limits.push(if batch_entries > 1 {
-                                    memcpy_mb_s(size, batch_entries, size, args.seconds)
-                                } else {
-                                    memcpy_mb_s(size, inflight, slot, args.seconds)
-                                });
-                            }
-                            let (mb_s, mut lat) =
-                                case.run(&engine, &local, &server, args.seconds)?;
-                            rates.push(mb_s);
-                            latencies_us.append(&mut lat);
-                        }
-                        latencies_us.sort_by(f64::total_cmp);
-                        let result = CaseResult {
-                            mb_s: median(&mut rates),
-                            p50_us: percentile(&latencies_us, 0.50),
-                            p99_us: percentile(&latencies_us, 0.99),
-                        };
-                        let memcpy_limit = (!limits.is_empty()).then(|| median(&mut limits));
-                        rows.push((label.clone(), streams, case, result, memcpy_limit));
-                    }
-                }
-            }
+            rows.extend(measure_transport(
+                &args,
+                &server,
+                (&label, mode, streams),
+                (&sizes, &batch_sizes),
+                (slot, region_bytes),
+            )?);
         }
     }
     server.stop();
@@ -191,6 +124,104 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         iperf.extend(iperf_runs("after"));
     }
 
+    print_tables(&args, &iperf, &rows);
+    Ok(())
+}
+
+/// One row of the transfer table: transport label, streams, case, result, memcpy limit.
+type Row = (String, usize, Case, CaseResult, Option<f64>);
+
+fn parse_sizes(texts: &[String]) -> anyhow::Result<Vec<usize>> {
+    texts
+        .iter()
+        .map(|text| {
+            let size =
+                mooncake_common::parse_size(text).with_context(|| format!("size {text:?}"))?;
+            Ok(usize::try_from(size)?)
+        })
+        .collect()
+}
+
+/// Every case of one transport configuration (`label`, mode, streams), each `reps` times, a
+/// shared-memory case right after its memcpy limit.
+fn measure_transport(
+    args: &Args,
+    server: &ServerProcess,
+    (label, mode, streams): (&str, TransportMode, usize),
+    (sizes, batch_sizes): (&[usize], &[usize]),
+    (slot, region_bytes): (usize, usize),
+) -> anyhow::Result<Vec<Row>> {
+    let mut rows = Vec::new();
+    let engine = TransferEngine::start(TransferConfig {
+        transport: mode,
+        connections_per_peer: streams,
+        copy_threads: args.copy_threads,
+        enable_shm_server: false,
+        ..TransferConfig::default()
+    })?;
+    let local = engine.allocate_local_buffer(region_bytes)?;
+    local.write_at(0, &vec![0xa5; region_bytes])?; // fault every page in up front
+                                                   // Single-entry batches with 1 / N outstanding, then whole batches of small entries.
+    let mut shapes: Vec<(usize, usize, &[usize])> =
+        args.inflight.iter().map(|&n| (n, 1, sizes)).collect();
+    if args.batch_entries > 1 {
+        shapes.push((1, args.batch_entries, batch_sizes));
+    }
+    for &(inflight, batch_entries, shape_sizes) in &shapes {
+        for &size in shape_sizes {
+            for write in [false, true] {
+                let case = Case {
+                    size,
+                    inflight,
+                    batch_entries,
+                    write,
+                    slot,
+                };
+                // Shared-memory limit: single-thread memcpy of the same size over the same
+                // working set (one slot per entry in flight), measured right before the
+                // case so both see the same machine load.
+                // Each case runs `reps` times (limit, then case); the row shows the
+                // medians, which a shared, noisy machine needs.
+                let mut rates = Vec::new();
+                let mut limits = Vec::new();
+                let mut latencies_us = Vec::new();
+                for _ in 0..args.reps.max(1) {
+                    if mode != TransportMode::Tcp {
+                        limits.push(if batch_entries > 1 {
+                            memcpy_mb_s(size, batch_entries, size, args.seconds)
+                        } else {
+                            memcpy_mb_s(size, inflight, slot, args.seconds)
+                        });
+                    }
+                    let (mb_s, mut lat) = case.run(&engine, &local, server, args.seconds)?;
+                    rates.push(mb_s);
+                    latencies_us.append(&mut lat);
+                }
+                latencies_us.sort_by(f64::total_cmp);
+                let result = CaseResult {
+                    mb_s: median(&mut rates),
+                    p50_us: percentile(&latencies_us, 0.50),
+                    p99_us: percentile(&latencies_us, 0.99),
+                };
+                let memcpy_limit = (!limits.is_empty()).then(|| median(&mut limits));
+                rows.push((label.to_string(), streams, case, result, memcpy_limit));
+            }
+        }
+    }
+    Ok(rows)
+}
+
+/// The iperf3 limits and the transfer table, with the limit each row is compared with.
+fn print_tables(args: &Args, iperf: &[(usize, &str, Option<f64>)], rows: &[Row]) {
+    let best_iperf = |iperf: &[(usize, &str, Option<f64>)], streams: usize| {
+        iperf
+            .iter()
+            .filter(|(n, _, _)| *n == streams)
+            .filter_map(|(_, _, v)| *v)
+            .fold(None, |best: Option<f64>, v| {
+                Some(best.map_or(v, |b| b.max(v)))
+            })
+    };
     println!(
         "### TCP limit measured in this run (iperf3 on 127.0.0.1, before and after the cases)\n"
     );
@@ -220,8 +251,8 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "| transport | op | size | in flight | MB/s | p50 µs | p99 µs | limit MB/s | % of limit |"
     );
     println!("|---|---|---:|---:|---:|---:|---:|---:|---:|");
-    for (label, streams, case, result, memcpy_limit) in &rows {
-        let limit = memcpy_limit.or_else(|| best_iperf(&iperf, *streams));
+    for (label, streams, case, result, memcpy_limit) in rows {
+        let limit = memcpy_limit.or_else(|| best_iperf(iperf, *streams));
         let (limit_text, ratio) = match limit {
             Some(l) => (
                 format!("{l:.0}"),
@@ -244,7 +275,6 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         );
     }
     println!("\nMB/s: median of {} repetitions of {} s; p50/p99 over all their entries. limit: tcp rows = best iperf3 figure above with the same stream count; shm rows = median single-thread memcpy of the same size over the same working set, each measured just before a repetition.", args.reps.max(1), args.seconds);
-    Ok(())
 }
 
 /// The serving side: one shareable segment, endpoint on stdout, serve until stdin closes.

@@ -26,6 +26,11 @@ pub struct Args {
     /// How same-host peers reach this node's memory: `auto` (shared memory, else TCP), `tcp`, `shm`.
     #[arg(long, default_value = "auto")]
     pub transport: TransportMode,
+    /// File holding the cluster's shared token (the master's `--auth_token_file`): presented
+    /// to the master, and required of every peer that reads or writes this node's memory.
+    /// Without it, `MC_AUTH_TOKEN` / `MC_AUTH_TOKEN_FILE` apply.
+    #[arg(long = "auth_token_file", alias = "auth-token-file")]
+    pub auth_token_file: Option<std::path::PathBuf>,
 }
 
 /// Parses `4GiB`-style sizes for clap.
@@ -48,11 +53,18 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
         let mut interrupt =
             tokio::signal::unix::signal(tokio::signal::unix::SignalKind::interrupt())?;
+        let auth_token = match &args.auth_token_file {
+            Some(path) => {
+                Some(mooncake_client::auth::read_token_file(path).map_err(anyhow::Error::msg)?)
+            }
+            None => None,
+        };
         let config = StoreConfig {
             master_addr: args.master.clone(),
             local_hostname: args.host.clone(),
             global_segment_size: args.segment_size,
             transport: args.transport,
+            auth_token,
             ..StoreConfig::default()
         };
         let client = StoreClient::connect(config)

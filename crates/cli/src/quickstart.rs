@@ -112,74 +112,116 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
             .unwrap_or_else(|_| ProgressStyle::default_bar())
             .progress_chars("=> "),
     );
-    let config = ReplicateConfig::default();
     let mut rows = Vec::new();
     let mut failures = 0usize;
     for &(size, count) in &mix {
         bar.set_message(format!("{} objects", format_size(size as u64)));
-        // Live bytes per round stay under the capacity of one node.
-        let per_round = ((args.segment_size as usize / 2) / size).clamp(1, count);
-        let mut value = vec![0u8; size];
-        let mut read = vec![0u8; size];
-        let mut put_samples = Vec::with_capacity(count);
-        let mut get_samples = Vec::with_capacity(count);
-        let mut done = 0;
-        while done < count {
-            let n = per_round.min(count - done);
-            let keys: Vec<String> = (done..done + n)
-                .map(|i| format!("quickstart/{size}/{i}"))
-                .collect();
-            for (j, key) in keys.iter().enumerate() {
-                fill_pattern(&mut value, (size * 1_000_003 + done + j) as u64);
-                let t = Instant::now();
-                let outcome = client
-                    .put(key, &value, &config)
-                    .await
-                    .with_context(|| format!("put {key}"))?;
-                put_samples.push(t.elapsed());
-                if outcome != PutOutcome::Stored {
-                    bail!("put {key}: the key was already present");
-                }
-                bar.inc(1);
-            }
-            for (j, key) in keys.iter().enumerate() {
-                let t = Instant::now();
-                let got = client
-                    .get_into(key, &mut read)
-                    .await
-                    .with_context(|| format!("get {key}"))?;
-                get_samples.push(t.elapsed());
-                fill_pattern(&mut value, (size * 1_000_003 + done + j) as u64);
-                if got as usize != size || read != value {
-                    failures += 1;
-                    bar.println(format!("MISMATCH: {key} read back different bytes"));
-                }
-                bar.inc(1);
-            }
-            let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
-            for result in client.batch_remove(&refs, true).await? {
-                result.map_err(|code| anyhow::anyhow!("remove: {code}"))?;
-            }
-            done += n;
-        }
-        let put_busy = put_samples.iter().sum();
-        let get_busy = get_samples.iter().sum();
-        rows.push(Row {
-            size,
-            count,
-            put: Latency::from_samples(&mut put_samples, put_busy),
-            get: Latency::from_samples(&mut get_samples, get_busy),
-        });
+        let (row, mismatches) = run_size(&client, &bar, size, count, args.segment_size).await?;
+        rows.push(row);
+        failures += mismatches;
     }
     bar.finish_and_clear();
 
+    print_table(&rows, failures, started);
+    if failures > 0 {
+        bail!("{failures} objects read back different bytes");
+    }
+
+    print_next_steps(args.keep_running, &master_addr);
+    if args.keep_running {
+        let mut terminate =
+            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
+        tokio::select! {
+            _ = tokio::signal::ctrl_c() => {}
+            _ = terminate.recv() => {}
+        }
+        println!("stopping");
+    }
+    let _ = client.close().await;
+    let _ = node_a.close().await;
+    let _ = node_b.close().await;
+    tokio::time::timeout(Duration::from_secs(5), master.shutdown())
+        .await
+        .ok();
+    Ok(())
+}
+
+/// Puts, reads back (verifying every byte) and removes `count` objects of `size` bytes, in rounds
+/// that fit in one node; returns the latencies and the number of mismatches.
+async fn run_size(
+    client: &StoreClient,
+    bar: &ProgressBar,
+    size: usize,
+    count: usize,
+    segment_size: u64,
+) -> anyhow::Result<(Row, usize)> {
+    let config = ReplicateConfig::default();
+    let mut mismatches = 0usize;
+    // Live bytes per round stay under the capacity of one node.
+    let per_round = ((segment_size as usize / 2) / size).clamp(1, count);
+    let mut value = vec![0u8; size];
+    let mut read = vec![0u8; size];
+    let mut put_samples = Vec::with_capacity(count);
+    let mut get_samples = Vec::with_capacity(count);
+    let mut done = 0;
+    while done < count {
+        let n = per_round.min(count - done);
+        let keys: Vec<String> = (done..done + n)
+            .map(|i| format!("quickstart/{size}/{i}"))
+            .collect();
+        for (j, key) in keys.iter().enumerate() {
+            fill_pattern(&mut value, (size * 1_000_003 + done + j) as u64);
+            let t = Instant::now();
+            let outcome = client
+                .put(key, &value, &config)
+                .await
+                .with_context(|| format!("put {key}"))?;
+            put_samples.push(t.elapsed());
+            if outcome != PutOutcome::Stored {
+                bail!("put {key}: the key was already present");
+            }
+            bar.inc(1);
+        }
+        for (j, key) in keys.iter().enumerate() {
+            let t = Instant::now();
+            let got = client
+                .get_into(key, &mut read)
+                .await
+                .with_context(|| format!("get {key}"))?;
+            get_samples.push(t.elapsed());
+            fill_pattern(&mut value, (size * 1_000_003 + done + j) as u64);
+            if got as usize != size || read != value {
+                mismatches += 1;
+                bar.println(format!("MISMATCH: {key} read back different bytes"));
+            }
+            bar.inc(1);
+        }
+        let refs: Vec<&str> = keys.iter().map(|k| k.as_str()).collect();
+        for result in client.batch_remove(&refs, true).await? {
+            result.map_err(|code| anyhow::anyhow!("remove: {code}"))?;
+        }
+        done += n;
+    }
+    let put_busy = put_samples.iter().sum();
+    let get_busy = get_samples.iter().sum();
+    let row = Row {
+        size,
+        count,
+        put: Latency::from_samples(&mut put_samples, put_busy),
+        get: Latency::from_samples(&mut get_samples, get_busy),
+    };
+    Ok((row, mismatches))
+}
+
+/// The result table: one line per value size and operation, then the totals.
+fn print_table(rows: &[Row], failures: usize, started: Instant) {
     println!();
     println!(
         "{:<8} {:>7} {:<4} {:>10} {:>10} {:>10} {:>10}",
         "value", "objects", "op", "ops/s", "MB/s", "p50_us", "p99_us"
     );
     println!("{}", "-".repeat(65));
-    for row in &rows {
+    for row in rows {
         for (op, latency) in [("put", row.put), ("get", row.get)] {
             println!(
                 "{:<8} {:>7} {:<4} {:>10.0} {:>10.1} {:>10.1} {:>10.1}",
@@ -201,11 +243,11 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         if failures == 0 { "all" } else { "NOT all" },
         started.elapsed().as_secs_f64()
     );
-    if failures > 0 {
-        bail!("{failures} objects read back different bytes");
-    }
+}
 
-    if args.keep_running {
+/// How to run a cluster that stays up, with the addresses to use.
+fn print_next_steps(keep_running: bool, master_addr: &str) {
+    if keep_running {
         println!("\nThe cluster stays up until Ctrl-C. Point other programs at it:");
     } else {
         println!("\nTo run a cluster that stays up:");
@@ -214,8 +256,8 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
         println!("  mooncake master --rpc_port=50051 --rpc_address=127.0.0.1");
         println!("  mooncake store --master 127.0.0.1:50051 --segment-size 4GiB");
     }
-    let shown = if args.keep_running {
-        master_addr.clone()
+    let shown = if keep_running {
+        master_addr.to_string()
     } else {
         "127.0.0.1:50051".to_string()
     };
@@ -223,20 +265,4 @@ async fn run_async(args: Args) -> anyhow::Result<()> {
     println!("  mooncake get --master {shown} hello -o copy.bin");
     println!("  mooncake ls --master {shown}; mooncake stat --master {shown}");
     println!("  Rust: StoreClient::connect(StoreConfig {{ master_addr: \"{shown}\".into(), global_segment_size: 0, ..Default::default() }})");
-    if args.keep_running {
-        let mut terminate =
-            tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate())?;
-        tokio::select! {
-            _ = tokio::signal::ctrl_c() => {}
-            _ = terminate.recv() => {}
-        }
-        println!("stopping");
-    }
-    let _ = client.close().await;
-    let _ = node_a.close().await;
-    let _ = node_b.close().await;
-    tokio::time::timeout(Duration::from_secs(5), master.shutdown())
-        .await
-        .ok();
-    Ok(())
 }

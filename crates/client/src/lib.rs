@@ -11,6 +11,7 @@
 //! Owns: request construction, error typing, connection reuse. Must never: interpret replica
 //! bytes it did not verify, or retry an operation that is not idempotent without saying so.
 
+pub mod auth;
 pub mod blocking;
 pub mod master_client;
 pub mod standalone;

@@ -63,7 +63,9 @@ impl Default for RealClientArgs {
     fn default() -> Self {
         RealClientArgs {
             master_server_address: "127.0.0.1:50051".into(),
-            host: "0.0.0.0".into(),
+            // Loopback unless told otherwise (upstream binds 0.0.0.0): the data port serves this
+            // host's memory (docs/security.md).
+            host: "127.0.0.1".into(),
             port: DEFAULT_PORT,
             global_segment_size: 4 << 30,
             local_buffer_size: 0,
@@ -91,7 +93,7 @@ impl RealClientArgs {
     pub fn usage() -> String {
         "Usage: mooncake_client [--flag=value ...]   (flags also take `-` for `_`)\n\
          \x20 --master_server_address=ADDR  the master's RPC address (127.0.0.1:50051)\n\
-         \x20 --host=HOST[:PORT]            transfer server host (0.0.0.0); the attach server \
+         \x20 --host=HOST[:PORT]            transfer server host (127.0.0.1); the attach server \
          listens on HOST too\n\
          \x20 --port=N                      attach port for setup_dummy clients (50052)\n\
          \x20 --global_segment_size=SIZE    memory contributed (\"4 GB\")\n\

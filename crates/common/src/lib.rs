@@ -7,6 +7,7 @@
 //! mooncake crate.
 #![forbid(unsafe_code)]
 
+pub mod auth;
 pub mod clock;
 pub mod config;
 pub mod error;
@@ -18,6 +19,7 @@ pub mod task;
 pub mod tenant;
 pub mod units;
 
+pub use auth::{AuthToken, TokenError, AUTH_TOKEN_ENV, AUTH_TOKEN_FILE_ENV};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{DataType, ReplicateConfig, SoftPinAction};
 pub use error::ErrorCode;

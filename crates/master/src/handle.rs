@@ -68,7 +68,7 @@ pub struct MasterService {
     /// A restore left segments waiting or replicas unverified (the deadline step has work).
     pub(crate) restore_active: AtomicBool,
     /// Event counters for `/metrics` (`stats.rs`).
-    pub(crate) counters: crate::stats::MasterCounters,
+    pub(crate) counters: crate::counters::MasterCounters,
 }
 
 impl fmt::Debug for MasterService {
@@ -124,7 +124,7 @@ impl MasterService {
             census_hint: AtomicUsize::new(0),
             unverified: Mutex::new(Unverified::default()),
             restore_active: AtomicBool::new(false),
-            counters: crate::stats::MasterCounters::default(),
+            counters: crate::counters::MasterCounters::default(),
         })
     }
 

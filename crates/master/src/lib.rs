@@ -34,6 +34,7 @@ mod audit;
 pub mod bench_support;
 mod clients;
 pub mod config;
+mod counters;
 mod deferred;
 mod eviction;
 mod export;
@@ -68,6 +69,7 @@ pub use apply::ApplyError;
 pub use audit::AccountingReport;
 pub use clients::PING_QUEUE_CAPACITY;
 pub use config::{ConfigError, MasterServiceConfig};
+pub use counters::MasterCounters;
 pub use eviction::EvictionReport;
 pub use export::{ObjectView, PlaceView, ReplicaView, TaskView};
 pub use handle::{MasterService, ObserverAlreadySet, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES};
@@ -82,7 +84,7 @@ pub use restore::{
     MAX_UNVERIFIED_PAGE, MAX_UNVERIFIED_PAGE_BYTES,
 };
 pub use segments::SegmentUsage;
-pub use stats::{MasterCounters, ObjectCensus};
+pub use stats::ObjectCensus;
 pub use strategy::AllocationStrategy;
 pub use tasks::TaskLimits;
 pub use unverified::VerificationStats;

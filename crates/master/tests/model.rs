@@ -275,46 +275,13 @@ fn seg_of_endpoint(endpoint: &str) -> u64 {
 fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, uniform: bool) {
     let now = clock.now_ms();
     match *op {
-        Op::Mount(id) => {
-            model.pinged.push(1);
-            let got = m.mount_segment(&segment(id), client(1));
-            if let Some(Some(_)) = model.mounted.get(&id) {
-                assert_eq!(got, Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS), "{op:?}");
-            } else {
-                assert_eq!(got, Ok(()), "{op:?}");
-                model.mounted.entry(id).or_insert(None);
-            }
-        }
+        Op::Mount(id) => mount(m, model, op, id),
         Op::Unmount(id) => {
             assert_eq!(m.unmount_segment(SegmentId::new(id, 0), client(1)), Ok(()));
             model.unmount(id);
         }
-        Op::Graceful { seg: id, grace_ms } => {
-            let got = m.graceful_unmount_segment(SegmentId::new(id, 0), client(1), grace_ms);
-            let client_has_segments = !model.mounted.is_empty();
-            let expected = match model.mounted.get_mut(&id) {
-                None if !client_has_segments => Err(ErrorCode::SEGMENT_NOT_FOUND),
-                None => Err(ErrorCode::INVALID_PARAMS),
-                Some(Some(_)) => Ok(()),
-                Some(state) => {
-                    *state = Some(now + grace_ms);
-                    Ok(())
-                }
-            };
-            assert_eq!(got, expected, "{op:?}");
-        }
-        Op::RunGraceful => {
-            let due: Vec<u64> = model
-                .mounted
-                .iter()
-                .filter(|(_, d)| d.is_some_and(|d| d <= now))
-                .map(|(id, _)| *id)
-                .collect();
-            assert_eq!(m.run_graceful_unmounts_once(), due.len(), "{op:?}");
-            for id in due {
-                model.unmount(id);
-            }
-        }
+        Op::Graceful { seg: id, grace_ms } => graceful(m, model, op, id, grace_ms, now),
+        Op::RunGraceful => run_graceful(m, model, op, now),
         Op::BatchGet(ref ks) => {
             let names: Vec<String> = ks.iter().map(|&k| key(k)).collect();
             let got = m.batch_get_replica_list(&names, "");
@@ -339,18 +306,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
             let expected: Vec<_> = keys.iter().map(|&k| model.remove(k, force, now)).collect();
             assert_eq!(got, expected, "{op:?}");
         }
-        Op::RemoveAll { force } => {
-            let doomed: Vec<usize> = model
-                .objects
-                .iter()
-                .filter(|(_, o)| o.complete && (force || now >= o.lease_ms))
-                .map(|(k, _)| *k)
-                .collect();
-            assert_eq!(m.remove_all(force, ""), doomed.len() as i64, "{op:?}");
-            for k in doomed {
-                model.objects.remove(&k);
-            }
-        }
+        Op::RemoveAll { force } => remove_all(m, model, op, force, now),
         Op::PutStart {
             key: k,
             client: c,
@@ -442,20 +398,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
         Op::Advance(ms) => {
             clock.advance(ms);
         }
-        Op::Reap => {
-            let report = m.run_put_timeouts_once();
-            let stale: Vec<usize> = model
-                .objects
-                .iter()
-                .filter(|(_, o)| !o.complete && o.put_start_ms + RELEASE_MS <= now)
-                .map(|(k, _)| *k)
-                .collect();
-            assert_eq!(report.reaped_puts, stale.len(), "{op:?}");
-            for k in stale {
-                model.objects.remove(&k);
-            }
-            model.discarded.retain(|d| d.2 > now);
-        }
+        Op::Reap => reap(m, model, op, now),
         Op::ReleaseDiscarded => {
             let before = model.discarded.len();
             model.discarded.retain(|d| d.2 > now);
@@ -465,74 +408,163 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
             key: k,
             client: c,
             units,
-        } => {
-            let size = units * UNIT;
-            let got = m.upsert_start(client(c), &key(k), size, &cfg(2), "");
-            if let Some(o) = model.objects.get_mut(&k) {
-                if o.complete && o.size == size {
-                    // Same size: rewritten in place, same replicas, unreadable until End.
-                    let got = got.unwrap();
-                    let mut segs: Vec<u64> = got
-                        .iter()
-                        .map(|d| seg_of_endpoint(&d.memory().unwrap().transport_endpoint))
-                        .collect();
-                    segs.sort_unstable();
-                    let mut want = o.segs.clone();
-                    want.sort_unstable();
-                    assert_eq!(segs, want, "{op:?}");
-                    o.complete = false;
-                    o.writer = c;
-                    o.put_start_ms = now;
-                    return;
-                }
-                // In flight, or a different size: the old buffers are discarded at once.
-                let o = model.objects.remove(&k).unwrap();
-                for s in o.segs {
-                    model.discarded.push((s, o.size, now + RELEASE_MS));
-                }
-            }
-            model.record_alloc(got, k, c, size, 2, now, uniform, op);
-        }
-        Op::Ping(c) => {
-            let got = m.ping(client(c)).unwrap().client_status;
-            let want = if model.ok_clients.contains(&c) {
-                ClientStatus::OK
-            } else {
-                ClientStatus::NEED_REMOUNT
-            };
-            assert_eq!(got, want, "{op:?}");
-            model.pinged.push(c);
-        }
+        } => upsert(m, model, op, (k, c, units), now, uniform),
+        Op::Ping(c) => ping(m, model, op, c),
         Op::Remount => {
             m.remount_segments(&[], client(1)).unwrap();
             model.pinged.push(1);
             model.ok_clients.insert(1);
         }
-        Op::Monitor => {
-            for c in model.pinged.drain(..) {
-                model.deadlines.insert(c, now + CLIENT_TTL_MS);
-            }
-            let expired: Vec<u64> = model
-                .deadlines
-                .iter()
-                .filter(|(_, &d)| d < now)
-                .map(|(&c, _)| c)
-                .collect();
-            assert_eq!(m.run_client_monitor_once(), expired.len(), "{op:?}");
-            for c in expired {
-                model.deadlines.remove(&c);
-                model.ok_clients.remove(&c);
-                if c == 1 {
-                    // Client 1 owns every segment.
-                    let ids: Vec<u64> = model.mounted.keys().copied().collect();
-                    for id in ids {
-                        model.unmount(id);
-                    }
-                }
-            }
-        }
+        Op::Monitor => monitor(m, model, op, now),
         Op::Evict => evict(m, model, now, op),
     }
+}
+
+/// GracefulUnmountSegment: a deadline for a mounted segment (a repeat keeps the first one).
+fn graceful(m: &MasterService, model: &mut Model, op: &Op, id: u64, grace_ms: u64, now: u64) {
+    let got = m.graceful_unmount_segment(SegmentId::new(id, 0), client(1), grace_ms);
+    let client_has_segments = !model.mounted.is_empty();
+    let expected = match model.mounted.get_mut(&id) {
+        None if !client_has_segments => Err(ErrorCode::SEGMENT_NOT_FOUND),
+        None => Err(ErrorCode::INVALID_PARAMS),
+        Some(Some(_)) => Ok(()),
+        Some(state) => {
+            *state = Some(now + grace_ms);
+            Ok(())
+        }
+    };
+    assert_eq!(got, expected, "{op:?}");
+}
+
+/// The graceful-unmount step: every segment whose deadline passed is unmounted.
+fn run_graceful(m: &MasterService, model: &mut Model, op: &Op, now: u64) {
+    let due: Vec<u64> = model
+        .mounted
+        .iter()
+        .filter(|(_, d)| d.is_some_and(|d| d <= now))
+        .map(|(id, _)| *id)
+        .collect();
+    assert_eq!(m.run_graceful_unmounts_once(), due.len(), "{op:?}");
+    for id in due {
+        model.unmount(id);
+    }
+}
+
+/// RemoveAll: every complete object goes, leased ones only when forced.
+fn remove_all(m: &MasterService, model: &mut Model, op: &Op, force: bool, now: u64) {
+    let doomed: Vec<usize> = model
+        .objects
+        .iter()
+        .filter(|(_, o)| o.complete && (force || now >= o.lease_ms))
+        .map(|(k, _)| *k)
+        .collect();
+    assert_eq!(m.remove_all(force, ""), doomed.len() as i64, "{op:?}");
+    for k in doomed {
+        model.objects.remove(&k);
+    }
+}
+
+/// The put-timeout reaper: puts older than the release timeout go; due discards are released.
+fn reap(m: &MasterService, model: &mut Model, op: &Op, now: u64) {
+    let report = m.run_put_timeouts_once();
+    let stale: Vec<usize> = model
+        .objects
+        .iter()
+        .filter(|(_, o)| !o.complete && o.put_start_ms + RELEASE_MS <= now)
+        .map(|(k, _)| *k)
+        .collect();
+    assert_eq!(report.reaped_puts, stale.len(), "{op:?}");
+    for k in stale {
+        model.objects.remove(&k);
+    }
+    model.discarded.retain(|d| d.2 > now);
+}
+
+/// UpsertStart: a same-size rewrite keeps the replicas; otherwise the old buffers are discarded
+/// and new ones placed.
+fn upsert(
+    m: &MasterService,
+    model: &mut Model,
+    op: &Op,
+    (k, c, units): (usize, u64, u64),
+    now: u64,
+    uniform: bool,
+) {
+    let size = units * UNIT;
+    let got = m.upsert_start(client(c), &key(k), size, &cfg(2), "");
+    if let Some(o) = model.objects.get_mut(&k) {
+        if o.complete && o.size == size {
+            // Same size: rewritten in place, same replicas, unreadable until End.
+            let got = got.unwrap();
+            let mut segs: Vec<u64> = got
+                .iter()
+                .map(|d| seg_of_endpoint(&d.memory().unwrap().transport_endpoint))
+                .collect();
+            segs.sort_unstable();
+            let mut want = o.segs.clone();
+            want.sort_unstable();
+            assert_eq!(segs, want, "{op:?}");
+            o.complete = false;
+            o.writer = c;
+            o.put_start_ms = now;
+            return;
+        }
+        // In flight, or a different size: the old buffers are discarded at once.
+        let o = model.objects.remove(&k).unwrap();
+        for s in o.segs {
+            model.discarded.push((s, o.size, now + RELEASE_MS));
+        }
+    }
+    model.record_alloc(got, k, c, size, 2, now, uniform, op);
+}
+
+/// The client monitor: clients silent past their TTL expire, client 1's segments with them.
+fn monitor(m: &MasterService, model: &mut Model, op: &Op, now: u64) {
+    for c in model.pinged.drain(..) {
+        model.deadlines.insert(c, now + CLIENT_TTL_MS);
+    }
+    let expired: Vec<u64> = model
+        .deadlines
+        .iter()
+        .filter(|(_, &d)| d < now)
+        .map(|(&c, _)| c)
+        .collect();
+    assert_eq!(m.run_client_monitor_once(), expired.len(), "{op:?}");
+    for c in expired {
+        model.deadlines.remove(&c);
+        model.ok_clients.remove(&c);
+        if c == 1 {
+            // Client 1 owns every segment.
+            let ids: Vec<u64> = model.mounted.keys().copied().collect();
+            for id in ids {
+                model.unmount(id);
+            }
+        }
+    }
+}
+
+/// MountSegment by client 1: refused while the segment is mounted.
+fn mount(m: &MasterService, model: &mut Model, op: &Op, id: u64) {
+    model.pinged.push(1);
+    let got = m.mount_segment(&segment(id), client(1));
+    if let Some(Some(_)) = model.mounted.get(&id) {
+        assert_eq!(got, Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS), "{op:?}");
+    } else {
+        assert_eq!(got, Ok(()), "{op:?}");
+        model.mounted.entry(id).or_insert(None);
+    }
+}
+
+/// Ping: a client the master does not know as OK is told to re-mount.
+fn ping(m: &MasterService, model: &mut Model, op: &Op, c: u64) {
+    let got = m.ping(client(c)).unwrap().client_status;
+    let want = if model.ok_clients.contains(&c) {
+        ClientStatus::OK
+    } else {
+        ClientStatus::NEED_REMOUNT
+    };
+    assert_eq!(got, want, "{op:?}");
+    model.pinged.push(c);
 }
 
 /// One eviction cycle: the model predicts whether it runs and how many objects go (the exact

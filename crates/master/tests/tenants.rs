@@ -436,59 +436,7 @@ mod tenant_model {
         for op in ops {
             let now = m.now_ms();
             match *op {
-                Op::Put { t, k, units, reps } => {
-                    let size = units * 64;
-                    let name = TENANTS[t];
-                    let got = m.put_start(C1, &format!("k{k}"), size, &cfg(reps), name);
-                    if model.effective(t).is_none() {
-                        assert_eq!(got, Err(ErrorCode::TENANT_NOT_REGISTERED), "{op:?}");
-                        continue;
-                    }
-                    if let Some(o) = model.objects.get(&(t, k)) {
-                        if o.complete || o.start_ms + 30_000 >= now {
-                            assert_eq!(got, Err(ErrorCode::OBJECT_ALREADY_EXISTS), "{op:?}");
-                            continue;
-                        }
-                        model.objects.remove(&(t, k)); // pre-empted: refunded
-                    }
-                    // Tenant-scoped eviction may have taken some of t's objects.
-                    let victims: Vec<(usize, usize)> = model
-                        .objects
-                        .keys()
-                        .copied()
-                        .filter(|&(tt, kk)| {
-                            m.object_info(&format!("k{kk}"), TENANTS[tt])
-                                .unwrap()
-                                .is_none()
-                        })
-                        .collect();
-                    for v in &victims {
-                        let o = &model.objects[v];
-                        assert_eq!(v.0, t, "eviction outside the tenant");
-                        assert!(o.complete && now >= o.lease_ms, "evicted {v:?}: {o:?}");
-                        model.objects.remove(v);
-                    }
-                    let eff = model.effective(t).unwrap();
-                    match got {
-                        Ok(d) => {
-                            let bytes = size * d.len() as u64;
-                            assert!(model.charged(t) + bytes <= eff, "{op:?}");
-                            model.objects.insert(
-                                (t, k),
-                                Obj {
-                                    bytes,
-                                    complete: false,
-                                    lease_ms: 0,
-                                    start_ms: now,
-                                },
-                            );
-                        }
-                        Err(ErrorCode::TENANT_QUOTA_EXCEEDED) => {
-                            assert!(model.charged(t) + size * reps as u64 > eff, "{op:?}");
-                        }
-                        Err(e) => assert_eq!(e, ErrorCode::NO_AVAILABLE_HANDLE, "{op:?}"),
-                    }
-                }
+                Op::Put { t, k, units, reps } => put(&m, &mut model, op, (t, k, units, reps), now),
                 Op::End { t, k } => {
                     let got = m.put_end(
                         C1,
@@ -565,21 +513,88 @@ mod tenant_model {
                     clock.advance(ms);
                 }
             }
-            // After every step: charged = Σ held bytes = the model's, within the quota.
-            for (t, name) in TENANTS.iter().enumerate() {
-                let snap = m.list_tenant_quotas(Some(name)).ok().map(|v| v[0].clone());
-                let charged = snap.as_ref().map_or(0, |s| s.charged_bytes);
-                assert_eq!(charged, model.charged(t), "{name} after {op:?}");
-                if let Some(s) = snap {
-                    assert_eq!(
-                        Some(s.effective_quota_bytes).filter(|_| s.has_explicit_policy),
-                        model.effective(t)
-                    );
-                }
-            }
+            assert_charges_match(&m, &model, op);
             assert_conserved_held(&m);
         }
         assert_accounting(&m);
+    }
+
+    /// A PutStart of tenant `t`'s key `k`: refused for an unregistered tenant or a key held,
+    /// otherwise placed within the tenant's quota, after tenant-scoped eviction of only `t`'s
+    /// unleased complete objects.
+    fn put(
+        m: &MasterService,
+        model: &mut Model,
+        op: &Op,
+        (t, k, units, reps): (usize, usize, u64, usize),
+        now: u64,
+    ) {
+        let size = units * 64;
+        let name = TENANTS[t];
+        let got = m.put_start(C1, &format!("k{k}"), size, &cfg(reps), name);
+        if model.effective(t).is_none() {
+            assert_eq!(got, Err(ErrorCode::TENANT_NOT_REGISTERED), "{op:?}");
+            return;
+        }
+        if let Some(o) = model.objects.get(&(t, k)) {
+            if o.complete || o.start_ms + 30_000 >= now {
+                assert_eq!(got, Err(ErrorCode::OBJECT_ALREADY_EXISTS), "{op:?}");
+                return;
+            }
+            model.objects.remove(&(t, k)); // pre-empted: refunded
+        }
+        // Tenant-scoped eviction may have taken some of t's objects.
+        let victims: Vec<(usize, usize)> = model
+            .objects
+            .keys()
+            .copied()
+            .filter(|&(tt, kk)| {
+                m.object_info(&format!("k{kk}"), TENANTS[tt])
+                    .unwrap()
+                    .is_none()
+            })
+            .collect();
+        for v in &victims {
+            let o = &model.objects[v];
+            assert_eq!(v.0, t, "eviction outside the tenant");
+            assert!(o.complete && now >= o.lease_ms, "evicted {v:?}: {o:?}");
+            model.objects.remove(v);
+        }
+        let eff = model.effective(t).unwrap();
+        match got {
+            Ok(d) => {
+                let bytes = size * d.len() as u64;
+                assert!(model.charged(t) + bytes <= eff, "{op:?}");
+                model.objects.insert(
+                    (t, k),
+                    Obj {
+                        bytes,
+                        complete: false,
+                        lease_ms: 0,
+                        start_ms: now,
+                    },
+                );
+            }
+            Err(ErrorCode::TENANT_QUOTA_EXCEEDED) => {
+                assert!(model.charged(t) + size * reps as u64 > eff, "{op:?}");
+            }
+            Err(e) => assert_eq!(e, ErrorCode::NO_AVAILABLE_HANDLE, "{op:?}"),
+        }
+    }
+
+    /// After every step: charged = Σ held bytes = the model's, within the quota.
+    fn assert_charges_match(m: &MasterService, model: &Model, op: &Op) {
+        for (t, name) in TENANTS.iter().enumerate() {
+            let snap = m.list_tenant_quotas(Some(name)).ok().map(|v| v[0].clone());
+            let charged = snap.as_ref().map_or(0, |s| s.charged_bytes);
+            assert_eq!(charged, model.charged(t), "{name} after {op:?}");
+            if let Some(s) = snap {
+                assert_eq!(
+                    Some(s.effective_quota_bytes).filter(|_| s.has_explicit_policy),
+                    model.effective(t)
+                );
+            }
+        }
     }
 
     fn assert_conserved_held(m: &MasterService) {

@@ -191,6 +191,29 @@ methods! {
     /// Ours: upstream takes snapshots only on its timer.
     46 TakeSnapshot {} -> SnapshotTaken,
         limits(s, l) { Ok(()) };
+    /// Presents the cluster's shared token (docs/security.md). A master started with
+    /// `--auth_token_file` requires it as the first request of every connection: before it
+    /// succeeds no other method is served, and a wrong token is answered `ILLEGAL_CLIENT` with
+    /// an error frame, then the connection is closed. A master without a token accepts any.
+    /// Answered by the RPC layer, not the master core. Ours: upstream has no authentication.
+    47 Authenticate { token: TokenBytes } -> (),
+        limits(s, l) {
+            if s.token.0.len() > mooncake_common::auth::MAX_TOKEN_BYTES {
+                return Err(ErrorCode::INVALID_PARAMS);
+            }
+            Ok(())
+        };
+}
+
+/// The token bytes `Authenticate` carries (postcard: a varint length, then the bytes). `Debug`
+/// never prints them.
+#[derive(Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct TokenBytes(pub Vec<u8>);
+
+impl std::fmt::Debug for TokenBytes {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "TokenBytes(<{} bytes, redacted>)", self.0.len())
+    }
 }
 
 /// What `TakeSnapshot` wrote.

@@ -12,9 +12,10 @@ use mooncake_common::{
     ReplicaId, ReplicaKind, ReplicaStatus, ReplicaType, ReplicateConfig, SegmentStatus,
     SoftPinAction, TaskStatus, TaskType,
 };
-use mooncake_proto::methods::{GetReplicaList, PutStart};
+use mooncake_proto::methods::{Authenticate, GetReplicaList, PutStart, TokenBytes};
 use mooncake_proto::{
-    decode, encode, encode_frame, FrameDecoder, FrameHeader, FrameKind, Method, Reply, METHODS,
+    decode, decode_error_body, encode, encode_error, encode_frame, FrameDecoder, FrameHeader,
+    FrameKind, Method, Reply, METHODS,
 };
 
 /// Decodes one frame from `bytes` (all of it) and checks its header.
@@ -366,6 +367,94 @@ fn method_id_table_is_pinned() {
         (44, "GetUnverifiedReplicas"),
         (45, "ConfirmReplicas"),
         (46, "TakeSnapshot"),
+        (47, "Authenticate"),
     ];
     assert_eq!(METHODS, expected);
+}
+
+/// docs/wire.md, "Authenticate": the handshake of a master started with a token, its success
+/// reply, and the error frame that answers a wrong token before the connection is closed.
+#[test]
+fn authenticate_matches_the_documented_bytes() {
+    #[rustfmt::skip]
+    let request: [u8; 33] = [
+        0x1d, 0x00, 0x00, 0x00, // frame_len = 29 (12 header bytes + 17 body bytes)
+        0x02, 0x00,             // version 2, request
+        0x2f, 0x00,             // method 47 = Authenticate
+        0x01, 0, 0, 0, 0, 0, 0, 0, // request id 1
+        0x10,                   // token: 16 bytes
+        b'0', b'1', b'2', b'3', b'4', b'5', b'6', b'7',
+        b'8', b'9', b'a', b'b', b'c', b'd', b'e', b'f',
+    ];
+    let body = frame_body(&request, FrameKind::Request, Authenticate::ID, 1);
+    let decoded: Authenticate = decode(&body).unwrap();
+    assert_eq!(
+        decoded,
+        Authenticate {
+            token: TokenBytes(b"0123456789abcdef".to_vec())
+        }
+    );
+    assert!(
+        !format!("{decoded:?}").contains("0123"),
+        "Debug hides the token"
+    );
+    let again = encode(&decoded).unwrap();
+    assert_eq!(
+        reframe(FrameKind::Request, Authenticate::ID, 1, &again),
+        request.to_vec()
+    );
+
+    #[rustfmt::skip]
+    let accepted: [u8; 17] = [
+        0x0d, 0x00, 0x00, 0x00, // frame_len = 13
+        0x02, 0x01, 0x2f, 0x00, // version 2, response, method 47
+        0x01, 0, 0, 0, 0, 0, 0, 0, // request id 1
+        0x00,                   // Ok(())
+    ];
+    let body = frame_body(&accepted, FrameKind::Response, Authenticate::ID, 1);
+    let reply: Reply<Authenticate> = decode(&body).unwrap();
+    assert_eq!(reply, Ok(()));
+    assert_eq!(
+        reframe(
+            FrameKind::Response,
+            Authenticate::ID,
+            1,
+            &encode(&reply).unwrap()
+        ),
+        accepted.to_vec()
+    );
+
+    // A wrong token: an error frame (kind 2) with ILLEGAL_CLIENT (-601 = a7 fd ff ff, i32 LE)
+    // and the message "wrong token".
+    #[rustfmt::skip]
+    let refused: [u8; 31] = [
+        0x1b, 0x00, 0x00, 0x00, // frame_len = 27 (12 + 4 + 11)
+        0x02, 0x02, 0x2f, 0x00, // version 2, error, method 47
+        0x01, 0, 0, 0, 0, 0, 0, 0, // request id 1
+        0xa7, 0xfd, 0xff, 0xff, // ILLEGAL_CLIENT
+        b'w', b'r', b'o', b'n', b'g', b' ', b't', b'o', b'k', b'e', b'n',
+    ];
+    let body = frame_body(&refused, FrameKind::Error, Authenticate::ID, 1);
+    assert_eq!(
+        decode_error_body(&body),
+        (ErrorCode::ILLEGAL_CLIENT, "wrong token".to_string())
+    );
+    let mut out = BytesMut::new();
+    encode_error(
+        &mut out,
+        Authenticate::ID,
+        1,
+        ErrorCode::ILLEGAL_CLIENT,
+        "wrong token",
+    );
+    assert_eq!(&out[..], &refused[..]);
+
+    // Longer than the token limit: refused by the method's limits.
+    let long = Authenticate {
+        token: TokenBytes(vec![b'x'; mooncake_common::auth::MAX_TOKEN_BYTES + 1]),
+    };
+    assert_eq!(
+        long.check_limits(&mooncake_proto::Limits::default()),
+        Err(ErrorCode::INVALID_PARAMS)
+    );
 }

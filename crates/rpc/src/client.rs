@@ -10,7 +10,8 @@
 
 use crate::poll::{self, now_ns, PollPolicy, SpinClock, Verdict};
 use bytes::{Bytes, BytesMut};
-use mooncake_common::ErrorCode;
+use mooncake_common::{AuthToken, ErrorCode};
+use mooncake_proto::methods::{Authenticate, Method, TokenBytes};
 use mooncake_proto::{
     decode_error_body, encode_frame, FrameDecoder, FrameError, FrameHeader, FrameKind,
 };
@@ -84,6 +85,10 @@ pub struct ClientConfig {
     /// that outnumber cores take the cores the server and the other processes need);
     /// [`PollPolicy::Always`] spins on every call, as an explicit budget from the user asks.
     pub poll_policy: PollPolicy,
+    /// The cluster's shared token: when set, every new connection first sends `Authenticate`
+    /// (method 47) with it and is used only once the server accepted it. A server without a
+    /// token accepts any. Default `None`.
+    pub auth_token: Option<AuthToken>,
 }
 
 impl Default for ClientConfig {
@@ -94,6 +99,7 @@ impl Default for ClientConfig {
             max_frame_bytes: mooncake_proto::DEFAULT_MAX_FRAME_BYTES,
             busy_poll: Some(DEFAULT_BUSY_POLL),
             poll_policy: PollPolicy::Adaptive,
+            auth_token: None,
         }
     }
 }
@@ -337,8 +343,42 @@ impl RpcClient {
                 .busy_poll
                 .map(|budget| (budget, self.config.poll_policy)),
         ));
+        // Published only once authenticated: no call can overtake the handshake.
+        if let Some(token) = &self.config.auth_token {
+            if let Err(error) = self.authenticate(&connection, token).await {
+                connection.fail_all(&format!("authentication failed: {error}"));
+                return Err(error);
+            }
+        }
         *self.connection.lock() = Some(connection.clone());
         Ok(connection)
+    }
+
+    /// Presents `token` on a new connection (`Authenticate`) and checks the answer.
+    async fn authenticate(
+        &self,
+        connection: &Arc<Connection>,
+        token: &AuthToken,
+    ) -> Result<(), RpcError> {
+        let request = Authenticate {
+            token: TokenBytes(token.expose().to_vec()),
+        };
+        let body = mooncake_proto::encode(&request).map_err(|error| RpcError::Remote {
+            code: error.code(),
+            message: error.to_string(),
+        })?;
+        let answer = self.call_on(connection, Authenticate::ID, &body).await?;
+        match mooncake_proto::decode::<mooncake_proto::Reply<Authenticate>>(&answer) {
+            Ok(Ok(())) => Ok(()),
+            Ok(Err(code)) => Err(RpcError::Remote {
+                code,
+                message: "Authenticate refused".to_string(),
+            }),
+            Err(error) => Err(RpcError::Remote {
+                code: error.code(),
+                message: format!("Authenticate answer: {error}"),
+            }),
+        }
     }
 
     /// Sends one request and waits for its answer's body. Protocol-level failures (error frames)
@@ -352,6 +392,17 @@ impl RpcClient {
             });
         }
         let connection = self.live_connection().await?;
+        self.call_on(&connection, method, body).await
+    }
+
+    /// [`RpcClient::call`] on `connection`.
+    async fn call_on(
+        &self,
+        connection: &Arc<Connection>,
+        method: u16,
+        body: &[u8],
+    ) -> Result<Bytes, RpcError> {
+        let connection = Arc::clone(connection);
         let deadline = Instant::now() + self.config.call_timeout;
         let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
         let header = FrameHeader {

@@ -4,9 +4,12 @@
 //! multiplexes concurrent calls by request id, with per-call timeouts and reconnection.
 //!
 //! Owns: sockets, connection limits (total, per address, eviction of unidentified connections),
-//! timeouts (handshake, frame, idle), the budget of buffered request bytes, shutdown,
-//! busy-polling. Must never: interpret request bodies (that is the handler's job), panic on what
-//! a peer sends, or buffer more than its budget because peers asked it to.
+//! timeouts (handshake, frame, idle), the budget of buffered request bytes, authentication
+//! (`Authenticate`, the one request body it reads, and the client's handshake on every new
+//! connection), shutdown, busy-polling. Must never: interpret other request bodies (that is the
+//! handler's job), serve a request of a connection that has not authenticated when a token is
+//! configured, panic on what a peer sends, or buffer more than its budget because peers asked
+//! it to.
 
 mod admission;
 mod budget;

@@ -14,6 +14,10 @@
 //!   accept; a frame whose first bytes arrived must complete within `frame_timeout` plus its
 //!   length at `min_request_bytes_per_sec`, and so must every flush of answers; an identified
 //!   connection may stay idle (`idle_timeout`: never by default, as upstream).
+//! - **Authentication.** With a token configured, a connection's first request must be
+//!   `Authenticate` (method 47) with that token: any other request is refused from its header
+//!   (`ILLEGAL_CLIENT`, nothing buffered) and a wrong token is answered `ILLEGAL_CLIENT`; both
+//!   close the connection. Until it authenticates a connection stays unidentified.
 //! - **Memory.** A frame's header names its method, and `max_request_frame_bytes` caps each
 //!   method's frame before any of its body is buffered. Frames up to 64 KiB are read into the
 //!   connection's own buffer, which never grows past that and is freed after a second idle;
@@ -23,8 +27,9 @@
 //!   read (backpressure); after `shed_after` it sheds the oldest frame still holding budget.
 
 use bytes::BytesMut;
-use mooncake_common::ErrorCode;
-use mooncake_proto::{encode_error, encode_header, FrameDecoder, FrameHeader, FrameKind};
+use mooncake_common::{AuthToken, ErrorCode};
+use mooncake_proto::methods::{Authenticate, Method};
+use mooncake_proto::{encode_error, encode_header, FrameDecoder, FrameHeader, FrameKind, Reply};
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -93,6 +98,10 @@ const RELEASE_BUFFERS_AFTER: Duration = Duration::from_secs(1);
 const MIN_READ_SPARE: usize = 4096;
 /// How long the last words to a closing connection (an error frame) may take.
 const FAREWELL_TIMEOUT: Duration = Duration::from_millis(100);
+/// What a request before `Authenticate` is answered (with `ILLEGAL_CLIENT`) on a server with a
+/// token.
+const AUTH_REQUIRED: &str = "authentication required: this master was started with \
+     --auth_token_file; give the client the token (MC_AUTH_TOKEN or MC_AUTH_TOKEN_FILE)";
 
 /// Server limits and modes. Every field has a default (the `DEFAULT_*` constants).
 #[derive(Debug, Clone)]
@@ -129,6 +138,11 @@ pub struct ServerConfig {
     /// When the server is full and no connection is unidentified, an identified connection idle
     /// at least this long (and with no request in progress) makes room. Default 60 s.
     pub evict_idle_after: Duration,
+    /// The shared token every connection must present with `Authenticate` (method 47) before
+    /// any other request (`None`, the default: no authentication; `Authenticate` is accepted
+    /// whatever it carries). A connection that has not authenticated stays unidentified: it
+    /// goes first when room is needed and is closed by the handshake timeout.
+    pub auth_token: Option<AuthToken>,
 }
 
 impl Default for ServerConfig {
@@ -146,6 +160,7 @@ impl Default for ServerConfig {
             max_buffered_request_bytes: DEFAULT_MAX_BUFFERED_REQUEST_BYTES,
             shed_after: DEFAULT_SHED_AFTER,
             evict_idle_after: DEFAULT_EVICT_IDLE_AFTER,
+            auth_token: None,
         }
     }
 }
@@ -190,6 +205,8 @@ pub struct ServerStats {
     pub budget_waits: AtomicU64,
     /// Partial frames dropped (with their connection) to give their budget to an older wait.
     pub frames_shed: AtomicU64,
+    /// Connections closed for a wrong token, or for a request before authenticating.
+    pub auth_failures: AtomicU64,
 }
 
 /// A running server. Dropping it without [`RpcServer::shutdown`] also stops it (the tasks see the
@@ -424,6 +441,8 @@ enum End {
     Quiet,
     /// Tell the peer with an error frame, then close.
     Say(u64, ErrorCode, String),
+    /// Refuse one request (an error frame naming its method and id), then close.
+    Refuse(FrameHeader, ErrorCode, String),
 }
 
 /// What the wait for more bytes ended with.
@@ -454,6 +473,8 @@ struct Connection<'a, H> {
     partial_since: Option<Instant>,
     last_read: Instant,
     accepted: Instant,
+    /// Presented the server's token (always true when the server has none).
+    authenticated: bool,
 }
 
 impl<'a, H: Handler> Connection<'a, H> {
@@ -471,6 +492,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             partial_since: None,
             last_read: now,
             accepted: shared.admission.instant(slot.accepted_ns),
+            authenticated: shared.config.auth_token.is_none(),
         }
     }
 
@@ -480,12 +502,15 @@ impl<'a, H: Handler> Connection<'a, H> {
 
     async fn serve(&mut self, shutdown: watch::Receiver<bool>) -> std::io::Result<()> {
         let end = self.run(shutdown).await?;
-        if let End::Say(request_id, code, why) = end {
-            // Answers already queued go first.
-            encode_error(&mut self.write_buf, 0, request_id, code, &why);
-            let _ = tokio::time::timeout(FAREWELL_TIMEOUT, self.stream.write_all(&self.write_buf))
-                .await;
-        }
+        let (method, request_id, code, why) = match end {
+            End::Quiet => return Ok(()),
+            End::Say(request_id, code, why) => (0, request_id, code, why),
+            End::Refuse(header, code, why) => (header.method, header.request_id, code, why),
+        };
+        // Answers already queued go first.
+        encode_error(&mut self.write_buf, method, request_id, code, &why);
+        let _ =
+            tokio::time::timeout(FAREWELL_TIMEOUT, self.stream.write_all(&self.write_buf)).await;
         Ok(())
     }
 
@@ -527,7 +552,23 @@ impl<'a, H: Handler> Connection<'a, H> {
                     return Err(End::Say(0, error.code(), error.to_string()));
                 }
             };
-            let limit = self.config().request_limit(header.method);
+            if !self.authenticated && header.method != Authenticate::ID {
+                // Refused from the header: an unauthenticated peer gets no byte buffered.
+                self.shared
+                    .stats
+                    .auth_failures
+                    .fetch_add(1, Ordering::Relaxed);
+                return Err(End::Refuse(
+                    header,
+                    ErrorCode::ILLEGAL_CLIENT,
+                    AUTH_REQUIRED.to_string(),
+                ));
+            }
+            let mut limit = self.config().request_limit(header.method);
+            if !self.authenticated {
+                // A stranger's Authenticate never takes request-buffer budget.
+                limit = limit.min(SMALL_FRAME_BYTES);
+            }
             if total > limit {
                 self.shared
                     .stats
@@ -549,7 +590,7 @@ impl<'a, H: Handler> Connection<'a, H> {
                 break;
             }
             let frame = self.read_buf.split_to(total);
-            self.answer(header, &frame[mooncake_proto::HEADER_BYTES..]);
+            self.answer(header, &frame[mooncake_proto::HEADER_BYTES..])?;
             answered = true;
         }
         if self.read_buf.is_empty() {
@@ -564,8 +605,9 @@ impl<'a, H: Handler> Connection<'a, H> {
         Ok(left)
     }
 
-    /// Calls the handler for one request and queues its answer.
-    fn answer(&mut self, header: FrameHeader, body: &[u8]) {
+    /// Calls the handler for one request and queues its answer; `Err` when the connection must
+    /// close (a failed authentication).
+    fn answer(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
         let stats = &self.shared.stats;
         stats.requests.fetch_add(1, Ordering::Relaxed);
         if header.kind != FrameKind::Request {
@@ -577,7 +619,10 @@ impl<'a, H: Handler> Connection<'a, H> {
                 ErrorCode::INVALID_PARAMS,
                 "expected a request frame",
             );
-            return;
+            return Ok(());
+        }
+        if header.method == Authenticate::ID {
+            return self.authenticate(header, body);
         }
         self.body.clear();
         match self
@@ -607,6 +652,49 @@ impl<'a, H: Handler> Connection<'a, H> {
                 );
             }
         }
+        Ok(())
+    }
+
+    /// `Authenticate`: checks the token (any is accepted when the server has none) and answers
+    /// `Ok(())`, which identifies the connection; a wrong or undecodable token ends it.
+    fn authenticate(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
+        let stats = &self.shared.stats;
+        let request: Authenticate = match mooncake_proto::decode(body) {
+            Ok(request) => request,
+            Err(error) => {
+                stats.request_errors.fetch_add(1, Ordering::Relaxed);
+                stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(End::Refuse(
+                    header,
+                    error.code(),
+                    format!("Authenticate: {error}"),
+                ));
+            }
+        };
+        if let Some(token) = &self.config().auth_token {
+            if !token.verify(&request.token.0) {
+                stats.auth_failures.fetch_add(1, Ordering::Relaxed);
+                return Err(End::Refuse(
+                    header,
+                    ErrorCode::ILLEGAL_CLIENT,
+                    "wrong token".to_string(),
+                ));
+            }
+        }
+        self.authenticated = true;
+        self.slot.identified.store(true, Ordering::Release);
+        let reply: Reply<Authenticate> = Ok(());
+        self.body.clear();
+        if let Err(error) = mooncake_proto::encode_into(&reply, &mut self.body) {
+            return Err(End::Refuse(header, error.code(), error.to_string()));
+        }
+        let response = FrameHeader {
+            kind: FrameKind::Response,
+            ..header
+        };
+        encode_header(&mut self.write_buf, response, self.body.len());
+        self.write_buf.extend_from_slice(&self.body);
+        Ok(())
     }
 
     /// Writes the queued answers, within the time their length allows.
@@ -881,9 +969,10 @@ impl<'a, H: Handler> Connection<'a, H> {
                 Err(e) => break Err(e),
             }
         };
-        if matches!(outcome, Ok(Ok(()))) {
-            self.answer(header, &frame.bytes()[mooncake_proto::HEADER_BYTES..]);
-        }
+        let outcome = match outcome {
+            Ok(Ok(())) => Ok(self.answer(header, &frame.bytes()[mooncake_proto::HEADER_BYTES..])),
+            other => other,
+        };
         drop(frame);
         self.slot
             .holding_since_ns

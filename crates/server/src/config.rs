@@ -14,6 +14,7 @@
 //! start-up ([`ResolvedConfig::notice`]).
 
 use mooncake_common::units::parse_duration_ms;
+use mooncake_common::AuthToken;
 use std::collections::BTreeSet;
 use std::net::{IpAddr, SocketAddr};
 use std::path::PathBuf;
@@ -153,8 +154,8 @@ master_flags! {
         "Port for master service to listen on (deprecated, use rpc_port)";
     rpc_port: u16 = 0, Master Int32, HONOURED,
         "Port for RPC server to listen on (0 = use port, preferred over port)";
-    rpc_address: String = "0.0.0.0", Master String, HONOURED,
-        "Address for RPC server to bind to, required in HA mode";
+    rpc_address: String = "127.0.0.1", Master String, HONOURED,
+        "Address for RPC server to bind to, required in HA mode (mooncake-rs binds loopback unless told otherwise; upstream's default is 0.0.0.0)";
     rpc_thread_num: usize = 0, Master Int32, HONOURED,
         "Number of threads for RPC server (0 = use max_threads, preferred over max_threads)";
     max_threads: usize = 16, Master Int32, HONOURED,
@@ -169,8 +170,8 @@ master_flags! {
     // ---- HTTP admin and metrics -------------------------------------------------------------
     metrics_port: u16 = 9003, Master Int32, HONOURED,
         "Port for HTTP metrics server to listen on";
-    metrics_host: String = "0.0.0.0", Master String, HONOURED,
-        "Address for the HTTP metrics/admin server to listen on. Use \"::\" to listen on IPv6 (and IPv4 on dual-stack hosts)";
+    metrics_host: String = "127.0.0.1", Master String, HONOURED,
+        "Address for the HTTP metrics/admin server to listen on. Use \"::\" to listen on IPv6 (and IPv4 on dual-stack hosts) (mooncake-rs binds loopback unless told otherwise; upstream's default is 0.0.0.0)";
     enable_metric_reporting: bool = true, Master Bool, HONOURED,
         "Enable periodic metric reporting";
 
@@ -214,8 +215,8 @@ master_flags! {
     // ---- HTTP metadata server -------------------------------------------------------------------
     enable_http_metadata_server: bool = false, Master Bool, HONOURED,
         "Enable HTTP metadata server instead of etcd";
-    http_metadata_server_host: String = "0.0.0.0", Master String, HONOURED,
-        "Host for HTTP metadata server to bind to";
+    http_metadata_server_host: String = "127.0.0.1", Master String, HONOURED,
+        "Host for HTTP metadata server to bind to (mooncake-rs binds loopback unless told otherwise; upstream's default is 0.0.0.0)";
     http_metadata_server_port: u16 = 8080, Master Int32, HONOURED,
         "Port for HTTP metadata server to listen on";
     enable_metadata_cleanup_on_timeout: bool = false, Master Bool, Status::Refused(METADATA_CLEANUP),
@@ -254,6 +255,8 @@ master_flags! {
         "Seconds every request frame (and every write of answers) may take once started, on top of its length at rpc_min_request_bytes_per_second";
     rpc_min_request_bytes_per_second: u64 = 1048576, Ours UInt64, HONOURED,
         "Slowest rate a request frame may arrive at (and answers may leave at) once started";
+    auth_token_file: String = "", Ours String, HONOURED,
+        "File holding the cluster's shared token (at least 16 bytes, surrounding whitespace trimmed). When set, every RPC connection must present it first (Authenticate), the admin HTTP endpoints other than /metrics, /metrics/summary, /health, /role, /ha_status and /leader (and the metadata server's /metadata) need `Authorization: Bearer TOKEN`, and store nodes given the same token serve their memory only to clients this master admitted (docs/security.md)";
     rpc_max_buffered_request_bytes: u64 = 268435456, Ours UInt64, HONOURED,
         "Bytes of request frames over 64 KiB that all RPC connections together may hold; over it the server stops reading them and sheds the oldest (at least the 16 MiB frame limit)";
 
@@ -486,6 +489,36 @@ pub struct ResolvedConfig {
     pub notice: Option<String>,
     /// Where and when snapshots are taken and restored.
     pub snapshot: SnapshotSettings,
+    /// The shared token read from `--auth_token_file` (`None`: no authentication).
+    pub auth_token: Option<AuthToken>,
+}
+
+impl ResolvedConfig {
+    /// The start-up warning for every listener bound to a non-loopback address while no token
+    /// is configured (`None` when there is nothing to warn about): one line.
+    pub fn exposure_warning(&self) -> Option<String> {
+        if self.auth_token.is_some() {
+            return None;
+        }
+        let exposed: Vec<String> = [
+            ("rpc", Some(self.rpc_addr)),
+            ("metrics/admin http", Some(self.metrics_addr)),
+            ("metadata http", self.metadata_addr),
+        ]
+        .into_iter()
+        .filter_map(|(what, addr)| addr.map(|addr| (what, addr)))
+        .filter(|(_, addr)| !addr.ip().is_loopback())
+        .map(|(what, addr)| format!("{what} {addr}"))
+        .collect();
+        (!exposed.is_empty()).then(|| {
+            format!(
+                "warning: listening on a non-loopback address without --auth_token_file ({}): \
+                 anyone who reaches it can read, overwrite and remove every object \
+                 (docs/security.md)",
+                exposed.join(", ")
+            )
+        })
+    }
 }
 
 /// The environment variable upstream reads for its local snapshot directory.
@@ -736,6 +769,20 @@ impl MasterConfig {
             (n, _) => n,
         };
         let snapshot = self.snapshot_settings(std::env::var_os(SNAPSHOT_DIR_ENV))?;
+        let auth_token = if self.auth_token_file.is_empty() {
+            None
+        } else {
+            let path = std::path::Path::new(&self.auth_token_file);
+            let bytes = std::fs::read(path).map_err(|error| {
+                invalid(
+                    "auth_token_file",
+                    format!("cannot read {}: {error}", path.display()),
+                )
+            })?;
+            Some(AuthToken::from_bytes(&bytes).map_err(|error| {
+                invalid("auth_token_file", format!("{}: {error}", path.display()))
+            })?)
+        };
         Ok(ResolvedConfig {
             rpc_addr,
             metrics_addr,
@@ -746,6 +793,7 @@ impl MasterConfig {
             max_kv_soft_pin_ttl_ms,
             notice: None,
             snapshot,
+            auth_token,
         })
     }
 
@@ -874,10 +922,13 @@ mod tests {
     }
 
     #[test]
-    fn defaults_are_upstreams() {
+    fn defaults_are_upstreams_except_loopback_binds() {
         let (config, resolved) = load(&[]).unwrap();
-        assert_eq!(resolved.rpc_addr, "0.0.0.0:50051".parse().unwrap());
-        assert_eq!(resolved.metrics_addr, "0.0.0.0:9003".parse().unwrap());
+        // Loopback unless told otherwise (upstream binds 0.0.0.0).
+        assert_eq!(resolved.rpc_addr, "127.0.0.1:50051".parse().unwrap());
+        assert_eq!(resolved.metrics_addr, "127.0.0.1:9003".parse().unwrap());
+        assert_eq!(resolved.auth_token, None);
+        assert_eq!(resolved.exposure_warning(), None);
         assert_eq!(resolved.default_kv_lease_ttl_ms, 10_000);
         assert_eq!(resolved.default_kv_soft_pin_ttl_ms, 1_800_000);
         assert_eq!(resolved.max_kv_soft_pin_ttl_ms, 86_400_000);
@@ -1274,6 +1325,67 @@ mod tests {
         assert_eq!(resolved.rpc_addr.port(), 6100);
         assert_eq!(config.eviction_ratio, 0.1);
         assert_eq!(config.client_ttl, 5);
+    }
+
+    #[test]
+    fn auth_token_file_is_read_trimmed_and_checked() {
+        let dir = TempDir::new("token");
+        let good = dir.file("token", "0123456789abcdef0123456789abcdef\n");
+        let (_, resolved) = load(&[&format!("--auth_token_file={good}")]).unwrap();
+        let token = resolved.auth_token.unwrap();
+        assert!(token.verify(b"0123456789abcdef0123456789abcdef"));
+        let short = dir.file("short", "secret\n");
+        let err = load(&[&format!("--auth_token_file={short}")]).unwrap_err();
+        let message = err.to_string();
+        assert!(
+            message.contains("auth_token_file") && message.contains("16"),
+            "{message}"
+        );
+        let missing = dir.0.join("missing").display().to_string();
+        let err = load(&[&format!("--auth_token_file={missing}")]).unwrap_err();
+        assert!(err.to_string().contains(&missing), "{err}");
+        assert_eq!(err.exit_code(), 2);
+    }
+
+    #[test]
+    fn exposure_warning_names_each_non_loopback_listener_without_a_token() {
+        let (_, resolved) = load(&["--rpc_address=0.0.0.0"]).unwrap();
+        let warning = resolved.exposure_warning().unwrap();
+        assert!(warning.contains("rpc 0.0.0.0:50051"), "{warning}");
+        assert!(!warning.contains("metrics"), "{warning}");
+        assert!(!warning.contains('\n'), "one line: {warning}");
+        let (_, resolved) = load(&[
+            "--metrics_host=::",
+            "--enable_http_metadata_server=true",
+            "--http_metadata_server_host=10.1.2.3",
+        ])
+        .unwrap();
+        let warning = resolved.exposure_warning().unwrap();
+        assert!(
+            warning.contains("metrics/admin http [::]:9003")
+                && warning.contains("metadata http 10.1.2.3:8080")
+                && !warning.contains("rpc "),
+            "{warning}"
+        );
+        for loopback in [
+            "--rpc_address=127.0.0.1",
+            "--rpc_address=::1",
+            "--rpc_address=127.0.0.2",
+        ] {
+            assert_eq!(
+                load(&[loopback]).unwrap().1.exposure_warning(),
+                None,
+                "{loopback}"
+            );
+        }
+        let dir = TempDir::new("token-warning");
+        let token = dir.file("token", "0123456789abcdef0123456789abcdef");
+        let (_, resolved) = load(&[
+            "--rpc_address=0.0.0.0",
+            &format!("--auth_token_file={token}"),
+        ])
+        .unwrap();
+        assert_eq!(resolved.exposure_warning(), None, "a token silences it");
     }
 
     #[test]

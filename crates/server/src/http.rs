@@ -4,15 +4,22 @@
 //! Error bodies are `{"success":false,"error_code":<int>,"error_message":<name>}` with upstream's
 //! status mapping. Unlike upstream, `/query_key` does not grant a lease: an admin looking at a key
 //! must not block its removal for ten seconds.
+//!
+//! With the cluster's token (`--auth_token_file`), every endpoint except the monitoring ones
+//! ([`OPEN_ADMIN_PATHS`]: metrics, health, role) needs `Authorization: Bearer TOKEN`: the
+//! mutations (`remove_all`, `snapshot`, tenant quotas) and the reads that reveal keys or replica
+//! descriptors (whose endpoints carry data-port capabilities). A missing or wrong token is
+//! answered 401 with `ILLEGAL_CLIENT` (-601) and does nothing.
 
 use axum::body::Bytes;
-use axum::extract::{Query, State};
-use axum::http::StatusCode;
+use axum::extract::{Query, Request, State};
+use axum::http::{header, StatusCode};
+use axum::middleware::{self, Next};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{get, post};
 use axum::Router;
 use mooncake_common::{
-    format_size, ErrorCode, ReplicaDescriptor, ReplicaKind, ReplicaStatus, SegmentStatus,
+    format_size, AuthToken, ErrorCode, ReplicaDescriptor, ReplicaKind, ReplicaStatus, SegmentStatus,
 };
 use mooncake_master::MasterService;
 use parking_lot::RwLock;
@@ -36,6 +43,66 @@ pub struct AdminState {
     /// The snapshot writer (`POST /api/v1/snapshot`), when a snapshot directory is configured.
     pub snapshots: Option<Arc<crate::snapshot::Snapshotter>>,
     pub snapshot_metrics: Arc<crate::snapshot::SnapshotMetrics>,
+    /// The cluster's token: required (`Authorization: Bearer`) by every endpoint but the
+    /// monitoring ones.
+    pub auth_token: Option<AuthToken>,
+}
+
+/// Admin paths served without a token even when one is configured: monitoring only (no key,
+/// no descriptor, no mutation).
+pub const OPEN_ADMIN_PATHS: &[&str] = &[
+    "/metrics",
+    "/metrics/summary",
+    "/health",
+    "/role",
+    "/ha_status",
+    "/leader",
+];
+
+/// Lets a request through only with `Authorization: Bearer <token>` (scheme case-insensitive,
+/// token compared in constant time); 401 with `ILLEGAL_CLIENT` otherwise.
+async fn require_bearer(State(token): State<AuthToken>, request: Request, next: Next) -> Response {
+    let presented = request
+        .headers()
+        .get(header::AUTHORIZATION)
+        .and_then(|value| {
+            let value = value.as_bytes();
+            let space = value.iter().position(|&b| b == b' ')?;
+            let (scheme, rest) = value.split_at(space);
+            scheme
+                .eq_ignore_ascii_case(b"bearer")
+                .then(|| rest.trim_ascii())
+        });
+    let why = match presented {
+        Some(presented) if token.verify(presented) => return next.run(request).await,
+        Some(_) => "wrong token",
+        None => "authentication required: send Authorization: Bearer <token> (the master's --auth_token_file)",
+    };
+    let body = json!({
+        "success": false,
+        "error_code": ErrorCode::ILLEGAL_CLIENT.as_i32(),
+        "error_message": why,
+    });
+    (
+        StatusCode::UNAUTHORIZED,
+        [(header::WWW_AUTHENTICATE, "Bearer")],
+        axum::Json(body),
+    )
+        .into_response()
+}
+
+/// `router` behind [`require_bearer`] when a token is configured.
+fn guarded<S: Clone + Send + Sync + 'static>(
+    router: Router<S>,
+    token: Option<&AuthToken>,
+) -> Router<S> {
+    match token {
+        Some(token) => router.route_layer(middleware::from_fn_with_state(
+            token.clone(),
+            require_bearer,
+        )),
+        None => router,
+    }
 }
 
 /// Upstream's status mapping for error bodies.
@@ -67,7 +134,8 @@ fn text(body: String) -> Response {
 
 /// The admin router.
 pub fn admin_router(state: AdminState) -> Router {
-    Router::new()
+    let token = state.auth_token.clone();
+    let open = Router::new()
         .route("/metrics", get(metrics))
         .route("/metrics/summary", get(summary))
         .route("/health", get(health))
@@ -78,7 +146,8 @@ pub fn admin_router(state: AdminState) -> Router {
             get(|| async {
                 axum::Json(json!({"present": false, "leader_address": null, "view_version": null}))
             }),
-        )
+        );
+    let protected = Router::new()
         .route("/query_key", get(query_key))
         .route("/batch_query_keys", get(batch_query_keys))
         .route("/get_all_keys", get(get_all_keys))
@@ -93,7 +162,8 @@ pub fn admin_router(state: AdminState) -> Router {
             get(tenant_quotas_get)
                 .put(tenant_quotas_put)
                 .delete(tenant_quotas_delete),
-        )
+        );
+    open.merge(guarded(protected, token.as_ref()))
         .with_state(state)
 }
 
@@ -105,72 +175,8 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         Err(_) => return error_response(ErrorCode::INTERNAL_ERROR, None),
     };
     let master = &state.master;
-    let usage = master.segment_usage();
-    let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
-    let mut clients: Vec<_> = usage.iter().map(|u| u.client).collect();
-    clients.sort_unstable();
-    clients.dedup();
     let mut out = String::with_capacity(16 << 10);
-    gauge(
-        &mut out,
-        "master_allocated_bytes",
-        "Total memory bytes currently allocated across all segments",
-        allocated as f64,
-    );
-    gauge(
-        &mut out,
-        "master_total_capacity_bytes",
-        "Total memory capacity across all mounted segments",
-        master.total_capacity_bytes() as f64,
-    );
-    gauge(
-        &mut out,
-        "master_key_count",
-        "Total number of keys managed by the master",
-        census.objects as f64,
-    );
-    gauge(
-        &mut out,
-        "master_soft_pin_key_count",
-        "Total number of soft-pinned keys managed by the master",
-        census.soft_pinned as f64,
-    );
-    gauge(
-        &mut out,
-        "mem_cache_nums_",
-        "Current number of cached values in the memory pool",
-        census.in_memory as f64,
-    );
-    gauge(
-        &mut out,
-        "master_active_clients",
-        "Total number of clients with mounted segments",
-        clients.len() as f64,
-    );
-    gauge(
-        &mut out,
-        "master_mounted_segments",
-        "Number of mounted segments",
-        usage.len() as f64,
-    );
-    let _ = writeln!(out, "# HELP segment_allocated_bytes Total memory bytes currently allocated of the segment\n# TYPE segment_allocated_bytes gauge");
-    for u in &usage {
-        let _ = writeln!(
-            out,
-            "segment_allocated_bytes{{segment=\"{}\"}} {}",
-            escape_label(&u.name),
-            u.used_bytes.unwrap_or(0)
-        );
-    }
-    let _ = writeln!(out, "# HELP segment_total_capacity_bytes Total memory capacity of the mounted segment\n# TYPE segment_total_capacity_bytes gauge");
-    for u in &usage {
-        let _ = writeln!(
-            out,
-            "segment_total_capacity_bytes{{segment=\"{}\"}} {}",
-            escape_label(&u.name),
-            u.capacity_bytes
-        );
-    }
+    render_capacity(master, &census, &mut out);
     state.metrics.render(&mut out);
     state.workers.render(&mut out);
     state.snapshot_metrics.render(master, &mut out);
@@ -194,67 +200,151 @@ async fn metrics(State(state): State<AdminState>) -> Response {
         census.discarded_staging_bytes as f64,
     );
     if let Some(stats) = &state.rpc_stats {
-        use std::sync::atomic::Ordering::Relaxed;
-        gauge(
-            &mut out,
-            "master_rpc_connections_open",
-            "RPC connections open now",
-            stats.connections_open.load(Relaxed) as f64,
-        );
-        crate::metrics::counter(
-            &mut out,
-            "master_rpc_connections_refused_total",
-            "RPC connections refused at the connection limit",
-            stats.connections_refused.load(Relaxed),
-        );
-        crate::metrics::counter(
-            &mut out,
-            "master_rpc_frame_errors_total",
-            "Malformed frames received",
-            stats.frame_errors.load(Relaxed),
-        );
-        // The limits against idle, slow and hostile peers (docs/security.md).
-        for (name, help, value) in [
-            (
-                "master_rpc_connections_evicted_total",
-                "RPC connections closed to make room for a new one",
-                &stats.connections_evicted,
-            ),
-            (
-                "master_rpc_handshake_timeouts_total",
-                "RPC connections closed for making no valid request in time",
-                &stats.handshake_timeouts,
-            ),
-            (
-                "master_rpc_idle_timeouts_total",
-                "Identified RPC connections closed by the idle timeout",
-                &stats.idle_timeouts,
-            ),
-            (
-                "master_rpc_frame_timeouts_total",
-                "RPC connections closed for a frame or a write of answers taking too long",
-                &stats.frame_timeouts,
-            ),
-            (
-                "master_rpc_oversized_requests_total",
-                "Request frames refused from their header (over their method's limit)",
-                &stats.oversized_requests,
-            ),
-            (
-                "master_rpc_budget_waits_total",
-                "Large request frames that waited for the shared buffer budget",
-                &stats.budget_waits,
-            ),
-            (
-                "master_rpc_frames_shed_total",
-                "Partial large frames dropped to give their budget to an older wait",
-                &stats.frames_shed,
-            ),
-        ] {
-            crate::metrics::counter(&mut out, name, help, value.load(Relaxed));
-        }
+        render_rpc_limits(stats, &mut out);
     }
     ([("content-type", "text/plain; version=0.0.4")], out).into_response()
+}
+
+/// Capacity, key and segment gauges of `/metrics` (upstream's family names).
+fn render_capacity(
+    master: &MasterService,
+    census: &mooncake_master::ObjectCensus,
+    out: &mut String,
+) {
+    let usage = master.segment_usage();
+    let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
+    let mut clients: Vec<_> = usage.iter().map(|u| u.client).collect();
+    clients.sort_unstable();
+    clients.dedup();
+    gauge(
+        out,
+        "master_allocated_bytes",
+        "Total memory bytes currently allocated across all segments",
+        allocated as f64,
+    );
+    gauge(
+        out,
+        "master_total_capacity_bytes",
+        "Total memory capacity across all mounted segments",
+        master.total_capacity_bytes() as f64,
+    );
+    gauge(
+        out,
+        "master_key_count",
+        "Total number of keys managed by the master",
+        census.objects as f64,
+    );
+    gauge(
+        out,
+        "master_soft_pin_key_count",
+        "Total number of soft-pinned keys managed by the master",
+        census.soft_pinned as f64,
+    );
+    gauge(
+        out,
+        "mem_cache_nums_",
+        "Current number of cached values in the memory pool",
+        census.in_memory as f64,
+    );
+    gauge(
+        out,
+        "master_active_clients",
+        "Total number of clients with mounted segments",
+        clients.len() as f64,
+    );
+    gauge(
+        out,
+        "master_mounted_segments",
+        "Number of mounted segments",
+        usage.len() as f64,
+    );
+    let _ = writeln!(out, "# HELP segment_allocated_bytes Total memory bytes currently allocated of the segment\n# TYPE segment_allocated_bytes gauge");
+    for u in &usage {
+        let _ = writeln!(
+            out,
+            "segment_allocated_bytes{{segment=\"{}\"}} {}",
+            escape_label(&u.name),
+            u.used_bytes.unwrap_or(0)
+        );
+    }
+    let _ = writeln!(out, "# HELP segment_total_capacity_bytes Total memory capacity of the mounted segment\n# TYPE segment_total_capacity_bytes gauge");
+    for u in &usage {
+        let _ = writeln!(
+            out,
+            "segment_total_capacity_bytes{{segment=\"{}\"}} {}",
+            escape_label(&u.name),
+            u.capacity_bytes
+        );
+    }
+}
+
+/// The RPC server's connection counters and its limits against idle, slow and hostile peers
+/// (docs/security.md).
+fn render_rpc_limits(stats: &mooncake_rpc::ServerStats, out: &mut String) {
+    use std::sync::atomic::Ordering::Relaxed;
+    gauge(
+        out,
+        "master_rpc_connections_open",
+        "RPC connections open now",
+        stats.connections_open.load(Relaxed) as f64,
+    );
+    crate::metrics::counter(
+        out,
+        "master_rpc_connections_refused_total",
+        "RPC connections refused at the connection limit",
+        stats.connections_refused.load(Relaxed),
+    );
+    crate::metrics::counter(
+        out,
+        "master_rpc_frame_errors_total",
+        "Malformed frames received",
+        stats.frame_errors.load(Relaxed),
+    );
+    // The limits against idle, slow and hostile peers (docs/security.md).
+    for (name, help, value) in [
+        (
+            "master_rpc_connections_evicted_total",
+            "RPC connections closed to make room for a new one",
+            &stats.connections_evicted,
+        ),
+        (
+            "master_rpc_handshake_timeouts_total",
+            "RPC connections closed for making no valid request in time",
+            &stats.handshake_timeouts,
+        ),
+        (
+            "master_rpc_idle_timeouts_total",
+            "Identified RPC connections closed by the idle timeout",
+            &stats.idle_timeouts,
+        ),
+        (
+            "master_rpc_frame_timeouts_total",
+            "RPC connections closed for a frame or a write of answers taking too long",
+            &stats.frame_timeouts,
+        ),
+        (
+            "master_rpc_oversized_requests_total",
+            "Request frames refused from their header (over their method's limit)",
+            &stats.oversized_requests,
+        ),
+        (
+            "master_rpc_budget_waits_total",
+            "Large request frames that waited for the shared buffer budget",
+            &stats.budget_waits,
+        ),
+        (
+            "master_rpc_frames_shed_total",
+            "Partial large frames dropped to give their budget to an older wait",
+            &stats.frames_shed,
+        ),
+        (
+            "master_rpc_auth_failures_total",
+            "RPC connections closed for a wrong token or a request before authenticating",
+            &stats.auth_failures,
+        ),
+    ] {
+        crate::metrics::counter(out, name, help, value.load(Relaxed));
+    }
 }
 
 fn escape_label(value: &str) -> String {
@@ -630,13 +720,14 @@ pub const MAX_METADATA_VALUE_BYTES: usize = 1 << 20;
 /// Most keys the metadata store holds.
 pub const MAX_METADATA_KEYS: usize = 100_000;
 
-/// The metadata router: GET/PUT/DELETE `/metadata?key=`, GET `/health`.
-pub fn metadata_router(store: MetadataStore) -> Router {
-    Router::new()
-        .route(
-            "/metadata",
-            get(metadata_get).put(metadata_put).delete(metadata_delete),
-        )
+/// The metadata router: GET/PUT/DELETE `/metadata?key=` (behind the bearer token when one is
+/// configured), GET `/health`.
+pub fn metadata_router(store: MetadataStore, auth_token: Option<&AuthToken>) -> Router {
+    let metadata = Router::new().route(
+        "/metadata",
+        get(metadata_get).put(metadata_put).delete(metadata_delete),
+    );
+    guarded(metadata, auth_token)
         .route("/health", get(|| async { "OK" }))
         .layer(axum::extract::DefaultBodyLimit::max(
             MAX_METADATA_VALUE_BYTES,

@@ -149,53 +149,14 @@ impl RunningMaster {
         master.set_task_limits(task_limits(config));
         let snapshot_metrics = Arc::new(SnapshotMetrics::default());
         if let Some((state, options)) = initial {
-            let report = master.restore(state, options)?;
-            snapshot_metrics.record_restore(&report);
-            tracing::info!(
-                segments = report.segments,
-                objects = report.objects,
-                unverified_replicas = report.unverified_replicas,
-                dropped_objects = report.dropped.objects(),
-                dropped = ?report.dropped,
-                "restored the master's state; segments wait for their owners to re-mount"
-            );
+            restore_into(&master, state, options, &snapshot_metrics)?;
         }
-        let mut policy_path = None;
-        if config.enable_multi_tenants && !config.tenant_quota_connector_uri.is_empty() {
-            let path = std::path::PathBuf::from(&config.tenant_quota_connector_uri);
-            let policy =
-                crate::tenant_policy::load(&path).map_err(|error| StartError::TenantPolicy {
-                    path: path.clone(),
-                    message: error.to_string(),
-                })?;
-            master
-                .apply_tenant_policy(policy)
-                .map_err(|code| StartError::TenantPolicy {
-                    path: path.clone(),
-                    message: code.to_string(),
-                })?;
-            policy_path = Some(path);
-        }
+        let policy_path = load_tenant_policy(config, &master)?;
         let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
-        let snapshotter = match &resolved.snapshot.dir {
-            Some(dir) => Some(Arc::new(
-                Snapshotter::open(
-                    master.clone(),
-                    dir,
-                    resolved.snapshot.retention,
-                    snapshot_metrics.clone(),
-                )
-                .map_err(|e| {
-                    StartError::Snapshot(format!(
-                        "cannot open the snapshot directory {}: {e}",
-                        dir.display()
-                    ))
-                })?,
-            )),
-            None => None,
-        };
+        let snapshotter = open_snapshotter(&master, resolved, &snapshot_metrics)?;
         let metrics = Arc::new(RpcMetrics::default());
-        let rpc_config = rpc_server_config(config);
+        let mut rpc_config = rpc_server_config(config);
+        rpc_config.auth_token = resolved.auth_token.clone();
         let handler = Arc::new(
             MasterRpc::new(master.clone(), metrics.clone(), Limits::default())
                 .with_snapshots(snapshotter.clone()),
@@ -222,6 +183,7 @@ impl RunningMaster {
             tenant_policy,
             snapshots: snapshotter.clone(),
             snapshot_metrics,
+            auth_token: resolved.auth_token.clone(),
         });
         let metrics_addr = serve_http(
             &mut tasks,
@@ -237,7 +199,7 @@ impl RunningMaster {
                     &mut tasks,
                     "metadata",
                     addr,
-                    metadata_router(MetadataStore::default()),
+                    metadata_router(MetadataStore::default(), resolved.auth_token.as_ref()),
                     stop_rx.clone(),
                 )
                 .await?,
@@ -245,97 +207,9 @@ impl RunningMaster {
             None => None,
         };
 
-        spawn_worker(
-            &mut tasks,
-            &master,
-            stop_rx.clone(),
-            PUT_TIMEOUT_PERIOD,
-            |m| {
-                m.run_put_timeouts_once();
-            },
-        );
-        spawn_worker(
-            &mut tasks,
-            &master,
-            stop_rx.clone(),
-            SOFT_PIN_EXPIRY_PERIOD,
-            |m| {
-                m.run_soft_pin_expiry_once();
-            },
-        );
-        spawn_worker(
-            &mut tasks,
-            &master,
-            stop_rx.clone(),
-            GRACEFUL_UNMOUNT_PERIOD,
-            |m| {
-                m.run_graceful_unmounts_once();
-            },
-        );
-        let counters = workers.clone();
-        spawn_worker(
-            &mut tasks,
-            &master,
-            stop_rx.clone(),
-            EVICTION_PERIOD,
-            move |m| {
-                let report = m.run_eviction_once();
-                use std::sync::atomic::Ordering::Relaxed;
-                if report.triggered {
-                    counters.eviction_attempts.fetch_add(1, Relaxed);
-                }
-                if report.evicted_objects > 0 {
-                    counters.eviction_cycles.fetch_add(1, Relaxed);
-                    counters
-                        .evicted_objects
-                        .fetch_add(report.evicted_objects as u64, Relaxed);
-                    counters
-                        .evicted_bytes
-                        .fetch_add(report.freed_bytes, Relaxed);
-                }
-            },
-        );
-        let counters = workers.clone();
-        spawn_worker(
-            &mut tasks,
-            &master,
-            stop_rx.clone(),
-            CLIENT_MONITOR_PERIOD,
-            move |m| {
-                let expired = m.run_client_monitor_once();
-                if expired > 0 {
-                    let expired_u64 = expired as u64;
-                    counters
-                        .expired_clients
-                        .fetch_add(expired_u64, std::sync::atomic::Ordering::Relaxed);
-                    tracing::warn!(expired, "clients expired: their segments were unmounted");
-                }
-            },
-        );
-        spawn_worker(
-            &mut tasks,
-            &master,
-            stop_rx.clone(),
-            TASK_CLEANUP_PERIOD,
-            |m| {
-                m.run_task_cleanup_once();
-            },
-        );
+        spawn_background_workers(&mut tasks, &master, &stop_rx, &workers);
         if config.enable_metric_reporting {
-            let master = master.clone();
-            let mut stop = stop_rx;
-            tasks.spawn(async move {
-                let mut ticker = tokio::time::interval(METRIC_REPORT_PERIOD);
-                ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-                ticker.tick().await;
-                loop {
-                    tokio::select! {
-                        _ = ticker.tick() => {}
-                        _ = stop.changed() => return,
-                    }
-                    tracing::info!("Master Metrics: {}", crate::http::summary_text(&master));
-                }
-            });
+            spawn_metric_reporter(&mut tasks, &master, stop_rx);
         }
 
         let periodic = match (&snapshotter, resolved.snapshot.periodic) {
@@ -435,6 +309,165 @@ async fn serve_http(
     Ok(local)
 }
 
+/// Restores a snapshot's state into the new master and records the outcome in the metrics.
+fn restore_into(
+    master: &MasterService,
+    state: MasterState,
+    options: RestoreOptions,
+    snapshot_metrics: &SnapshotMetrics,
+) -> Result<(), StartError> {
+    let report = master.restore(state, options)?;
+    snapshot_metrics.record_restore(&report);
+    tracing::info!(
+        segments = report.segments,
+        objects = report.objects,
+        unverified_replicas = report.unverified_replicas,
+        dropped_objects = report.dropped.objects(),
+        dropped = ?report.dropped,
+        "restored the master's state; segments wait for their owners to re-mount"
+    );
+    Ok(())
+}
+
+/// Loads and applies the tenant policy file when multi-tenancy names one; returns its path
+/// (where admin changes are written back).
+fn load_tenant_policy(
+    config: &MasterConfig,
+    master: &MasterService,
+) -> Result<Option<std::path::PathBuf>, StartError> {
+    let mut policy_path = None;
+    if config.enable_multi_tenants && !config.tenant_quota_connector_uri.is_empty() {
+        let path = std::path::PathBuf::from(&config.tenant_quota_connector_uri);
+        let policy =
+            crate::tenant_policy::load(&path).map_err(|error| StartError::TenantPolicy {
+                path: path.clone(),
+                message: error.to_string(),
+            })?;
+        master
+            .apply_tenant_policy(policy)
+            .map_err(|code| StartError::TenantPolicy {
+                path: path.clone(),
+                message: code.to_string(),
+            })?;
+        policy_path = Some(path);
+    }
+    Ok(policy_path)
+}
+
+/// Opens the snapshot directory when snapshots are configured.
+fn open_snapshotter(
+    master: &Arc<MasterService>,
+    resolved: &ResolvedConfig,
+    snapshot_metrics: &Arc<SnapshotMetrics>,
+) -> Result<Option<Arc<Snapshotter>>, StartError> {
+    let Some(dir) = &resolved.snapshot.dir else {
+        return Ok(None);
+    };
+    let snapshotter = Snapshotter::open(
+        master.clone(),
+        dir,
+        resolved.snapshot.retention,
+        snapshot_metrics.clone(),
+    )
+    .map_err(|e| {
+        StartError::Snapshot(format!(
+            "cannot open the snapshot directory {}: {e}",
+            dir.display()
+        ))
+    })?;
+    Ok(Some(Arc::new(snapshotter)))
+}
+
+/// The master's periodic steps, each on its own timer: put timeouts, soft-pin expiry,
+/// graceful unmounts, eviction, the client monitor and task cleanup.
+fn spawn_background_workers(
+    tasks: &mut JoinSet<()>,
+    master: &Arc<MasterService>,
+    stop_rx: &watch::Receiver<bool>,
+    workers: &Arc<WorkerMetrics>,
+) {
+    spawn_worker(tasks, master, stop_rx.clone(), PUT_TIMEOUT_PERIOD, |m| {
+        m.run_put_timeouts_once();
+    });
+    spawn_worker(
+        tasks,
+        master,
+        stop_rx.clone(),
+        SOFT_PIN_EXPIRY_PERIOD,
+        |m| {
+            m.run_soft_pin_expiry_once();
+        },
+    );
+    spawn_worker(
+        tasks,
+        master,
+        stop_rx.clone(),
+        GRACEFUL_UNMOUNT_PERIOD,
+        |m| {
+            m.run_graceful_unmounts_once();
+        },
+    );
+    let counters = workers.clone();
+    spawn_worker(tasks, master, stop_rx.clone(), EVICTION_PERIOD, move |m| {
+        let report = m.run_eviction_once();
+        use std::sync::atomic::Ordering::Relaxed;
+        if report.triggered {
+            counters.eviction_attempts.fetch_add(1, Relaxed);
+        }
+        if report.evicted_objects > 0 {
+            counters.eviction_cycles.fetch_add(1, Relaxed);
+            counters
+                .evicted_objects
+                .fetch_add(report.evicted_objects as u64, Relaxed);
+            counters
+                .evicted_bytes
+                .fetch_add(report.freed_bytes, Relaxed);
+        }
+    });
+    let counters = workers.clone();
+    spawn_worker(
+        tasks,
+        master,
+        stop_rx.clone(),
+        CLIENT_MONITOR_PERIOD,
+        move |m| {
+            let expired = m.run_client_monitor_once();
+            if expired > 0 {
+                let expired_u64 = expired as u64;
+                counters
+                    .expired_clients
+                    .fetch_add(expired_u64, std::sync::atomic::Ordering::Relaxed);
+                tracing::warn!(expired, "clients expired: their segments were unmounted");
+            }
+        },
+    );
+    spawn_worker(tasks, master, stop_rx.clone(), TASK_CLEANUP_PERIOD, |m| {
+        m.run_task_cleanup_once();
+    });
+}
+
+/// Logs the summary line of `/metrics` every `METRIC_REPORT_PERIOD` (`--enable_metric_reporting`).
+fn spawn_metric_reporter(
+    tasks: &mut JoinSet<()>,
+    master: &Arc<MasterService>,
+    stop_rx: watch::Receiver<bool>,
+) {
+    let master = master.clone();
+    let mut stop = stop_rx;
+    tasks.spawn(async move {
+        let mut ticker = tokio::time::interval(METRIC_REPORT_PERIOD);
+        ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        ticker.tick().await;
+        loop {
+            tokio::select! {
+                _ = ticker.tick() => {}
+                _ = stop.changed() => return,
+            }
+            tracing::info!("Master Metrics: {}", crate::http::summary_text(&master));
+        }
+    });
+}
+
 fn spawn_worker(
     tasks: &mut JoinSet<()>,
     master: &Arc<MasterService>,
@@ -480,6 +513,10 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
         }
     };
     runtime.block_on(async move {
+        // Before binding: an operator sees it even when a bind then fails.
+        if let Some(warning) = resolved.exposure_warning() {
+            tracing::warn!("{warning}");
+        }
         let (initial, skipped, clean) = match crate::snapshot::load_at_start(&resolved.snapshot) {
             Ok(start) => (
                 start.loaded.map(|(_, state, options)| (state, options)),

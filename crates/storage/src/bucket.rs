@@ -33,7 +33,7 @@ use crate::backend::{
 use crate::eviction::{bytes_to_free, EvictionOrder};
 use crate::fd_cache::FdCache;
 use crate::record::{self, RecordHeader, FLAG_TOMBSTONE, HEADER_BYTES, MAGIC_BUCKET};
-use crate::util::{check_entry, check_key, io, refuse_all, sync_dir};
+use crate::util::{check_entry, check_key, io, refuse_all, refuse_batch, sync_dir};
 use parking_lot::{Mutex, RwLock};
 use std::collections::{BTreeMap, BTreeSet, HashMap};
 use std::fs::{self, File, OpenOptions};
@@ -334,6 +334,98 @@ fn list_ids(root: &Path) -> Result<BTreeSet<u64>, StorageError> {
     Ok(ids)
 }
 
+/// Applies one bucket's recovered records to the index in order: a later put of a key moves it
+/// out of its older bucket (which is marked dirty and remembers the key that `left` it), a delete
+/// drops it.
+fn replay_ops(
+    index: &mut Index,
+    id: u64,
+    ops: Vec<Op>,
+    dirty: &mut BTreeSet<u64>,
+    left: &mut BTreeMap<u64, Vec<String>>,
+) {
+    for op in ops {
+        match op {
+            Op::Put(key, offset, size) => {
+                let loc = Loc {
+                    bucket: id,
+                    offset,
+                    size,
+                };
+                if let Some(old) = index.map.insert(key.clone(), loc) {
+                    index.used_bytes -= old.size;
+                    if let Some(b) = index.sealed.get_mut(&old.bucket) {
+                        b.live.remove(&key);
+                    }
+                    if old.bucket != id {
+                        dirty.insert(old.bucket);
+                        left.entry(old.bucket).or_default().push(key.clone());
+                    }
+                }
+                index.used_bytes += size;
+                if let Some(b) = index.sealed.get_mut(&id) {
+                    b.live.insert(key, (offset, size));
+                }
+            }
+            Op::Del(key) => {
+                if let Some(old) = index.map.remove(&key) {
+                    index.used_bytes -= old.size;
+                    if let Some(b) = index.sealed.get_mut(&old.bucket) {
+                        b.live.remove(&key);
+                    }
+                    dirty.insert(old.bucket);
+                    if old.bucket != id {
+                        left.entry(old.bucket).or_default().push(key);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Persists what recovery changed: new metas for scanned buckets, rewritten metas for buckets
+/// that lost keys, deletion of empty buckets.
+fn persist_recovery(
+    root: &Path,
+    index: &mut Index,
+    dirty: BTreeSet<u64>,
+    left: &BTreeMap<u64, Vec<String>>,
+    durable: bool,
+) -> Result<(), StorageError> {
+    // Persist what recovery changed: new metas for scanned buckets, rewritten metas for
+    // buckets that lost keys, deletion of empty buckets.
+    // Keys that left a bucket because of a later record get a tombstone in it (as in normal
+    // operation), so that a later scan of that bucket cannot resurrect them.
+    for id in dirty {
+        let Some(b) = index.sealed.get_mut(&id) else {
+            continue;
+        };
+        if b.live.is_empty() {
+            index.sealed.remove(&id);
+            remove_quietly(&data_path(root, id));
+            remove_quietly(&meta_path(root, id));
+        } else {
+            if let Some(keys) = left.get(&id) {
+                let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+                b.data_len = append_tombstones(root, id, b.data_len, &keys, 0, durable)?;
+            }
+            write_meta(root, id, b.data_len, &b.live, durable)?;
+        }
+    }
+    let empty: Vec<u64> = index
+        .sealed
+        .iter()
+        .filter(|(_, b)| b.live.is_empty())
+        .map(|(id, _)| *id)
+        .collect();
+    for id in empty {
+        index.sealed.remove(&id);
+        remove_quietly(&data_path(root, id));
+        remove_quietly(&meta_path(root, id));
+    }
+    Ok(())
+}
+
 impl BucketBackend {
     /// Opens or recovers the store under `config.root` with default [`BucketOptions`].
     pub fn open(config: BackendConfig) -> Result<BucketBackend, StorageError> {
@@ -409,75 +501,9 @@ impl BucketBackend {
                     data_len: final_len,
                 },
             );
-            for op in ops {
-                match op {
-                    Op::Put(key, offset, size) => {
-                        let loc = Loc {
-                            bucket: id,
-                            offset,
-                            size,
-                        };
-                        if let Some(old) = index.map.insert(key.clone(), loc) {
-                            index.used_bytes -= old.size;
-                            if let Some(b) = index.sealed.get_mut(&old.bucket) {
-                                b.live.remove(&key);
-                            }
-                            if old.bucket != id {
-                                dirty.insert(old.bucket);
-                                left.entry(old.bucket).or_default().push(key.clone());
-                            }
-                        }
-                        index.used_bytes += size;
-                        if let Some(b) = index.sealed.get_mut(&id) {
-                            b.live.insert(key, (offset, size));
-                        }
-                    }
-                    Op::Del(key) => {
-                        if let Some(old) = index.map.remove(&key) {
-                            index.used_bytes -= old.size;
-                            if let Some(b) = index.sealed.get_mut(&old.bucket) {
-                                b.live.remove(&key);
-                            }
-                            dirty.insert(old.bucket);
-                            if old.bucket != id {
-                                left.entry(old.bucket).or_default().push(key);
-                            }
-                        }
-                    }
-                }
-            }
+            replay_ops(&mut index, id, ops, &mut dirty, &mut left);
         }
-        // Persist what recovery changed: new metas for scanned buckets, rewritten metas for
-        // buckets that lost keys, deletion of empty buckets.
-        // Keys that left a bucket because of a later record get a tombstone in it (as in normal
-        // operation), so that a later scan of that bucket cannot resurrect them.
-        for id in dirty {
-            let Some(b) = index.sealed.get_mut(&id) else {
-                continue;
-            };
-            if b.live.is_empty() {
-                index.sealed.remove(&id);
-                remove_quietly(&data_path(&root, id));
-                remove_quietly(&meta_path(&root, id));
-            } else {
-                if let Some(keys) = left.get(&id) {
-                    let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
-                    b.data_len = append_tombstones(&root, id, b.data_len, &keys, 0, durable)?;
-                }
-                write_meta(&root, id, b.data_len, &b.live, durable)?;
-            }
-        }
-        let empty: Vec<u64> = index
-            .sealed
-            .iter()
-            .filter(|(_, b)| b.live.is_empty())
-            .map(|(id, _)| *id)
-            .collect();
-        for id in empty {
-            index.sealed.remove(&id);
-            remove_quietly(&data_path(&root, id));
-            remove_quietly(&meta_path(&root, id));
-        }
+        persist_recovery(&root, &mut index, dirty, &left, durable)?;
         if durable {
             sync_dir(&root)?;
         }
@@ -913,13 +939,10 @@ impl StorageBackend for BucketBackend {
     }
 
     fn put_batch(&self, entries: &[(&str, &[u8])]) -> Vec<Result<(), StorageError>> {
-        if self.closed.load(Ordering::Acquire) {
-            return refuse_all(entries.len(), || StorageError::Closed);
-        }
+        let closed = self.closed.load(Ordering::Acquire);
         let max = self.config.limits.max_batch_entries;
-        if entries.len() > max {
-            let len = entries.len();
-            return refuse_all(len, || StorageError::BatchTooLarge { len, max });
+        if let Some(refused) = refuse_batch(closed, entries.len(), max, true) {
+            return refused;
         }
         let limits = self.config.limits;
         let mut results: Vec<Result<(), StorageError>> = entries
@@ -1055,13 +1078,11 @@ impl StorageBackend for BucketBackend {
         keys: &[&str],
         buffers: &mut [&mut [u8]],
     ) -> Vec<Result<u64, StorageError>> {
-        if self.closed.load(Ordering::Acquire) {
-            return refuse_all(keys.len(), || StorageError::Closed);
-        }
+        let closed = self.closed.load(Ordering::Acquire);
         let max = self.config.limits.max_batch_entries;
-        if keys.len() > max || buffers.len() != keys.len() {
-            let len = keys.len();
-            return refuse_all(len, || StorageError::BatchTooLarge { len, max });
+        let lengths_match = buffers.len() == keys.len();
+        if let Some(refused) = refuse_batch(closed, keys.len(), max, lengths_match) {
+            return refused;
         }
         let mut out = Vec::with_capacity(keys.len());
         for (key, buf) in keys.iter().zip(buffers.iter_mut()) {

@@ -26,7 +26,7 @@ use crate::backend::{
 };
 use crate::eviction::{bytes_to_free, EvictionOrder};
 use crate::record::{self, RecordHeader, HEADER_BYTES, MAGIC_FILE};
-use crate::util::{check_entry, check_key, io, refuse_all, sync_dir};
+use crate::util::{check_entry, check_key, io, refuse_all, refuse_batch, sync_dir};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashMap;
 use std::fs::{self, File, OpenOptions};
@@ -600,13 +600,10 @@ impl StorageBackend for FileBackend {
     }
 
     fn put_batch(&self, entries: &[(&str, &[u8])]) -> Vec<Result<(), StorageError>> {
-        if self.closed.load(Ordering::Acquire) {
-            return refuse_all(entries.len(), || StorageError::Closed);
-        }
+        let closed = self.closed.load(Ordering::Acquire);
         let max = self.config.limits.max_batch_entries;
-        if entries.len() > max {
-            let len = entries.len();
-            return refuse_all(len, || StorageError::BatchTooLarge { len, max });
+        if let Some(refused) = refuse_batch(closed, entries.len(), max, true) {
+            return refused;
         }
         let limits = self.config.limits;
         let mut results: Vec<Result<(), StorageError>> = entries
@@ -648,13 +645,11 @@ impl StorageBackend for FileBackend {
         keys: &[&str],
         buffers: &mut [&mut [u8]],
     ) -> Vec<Result<u64, StorageError>> {
-        if self.closed.load(Ordering::Acquire) {
-            return refuse_all(keys.len(), || StorageError::Closed);
-        }
+        let closed = self.closed.load(Ordering::Acquire);
         let max = self.config.limits.max_batch_entries;
-        if keys.len() > max || buffers.len() != keys.len() {
-            let len = keys.len();
-            return refuse_all(len, || StorageError::BatchTooLarge { len, max });
+        let lengths_match = buffers.len() == keys.len();
+        if let Some(refused) = refuse_batch(closed, keys.len(), max, lengths_match) {
+            return refused;
         }
         let mut out = Vec::with_capacity(keys.len());
         for (key, buf) in keys.iter().zip(buffers.iter_mut()) {

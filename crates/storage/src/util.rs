@@ -48,3 +48,21 @@ pub(crate) fn refuse_all<T>(
 ) -> Vec<Result<T, StorageError>> {
     (0..len).map(|_| Err(err())).collect()
 }
+
+/// The whole-batch refusals every backend applies before it touches anything: a closed backend
+/// (`Closed` per entry) and a batch over `max` entries or with mismatched lengths
+/// (`BatchTooLarge` per entry). `None` when the batch may proceed.
+pub(crate) fn refuse_batch<T>(
+    closed: bool,
+    len: usize,
+    max: usize,
+    lengths_match: bool,
+) -> Option<Vec<Result<T, StorageError>>> {
+    if closed {
+        return Some(refuse_all(len, || StorageError::Closed));
+    }
+    if len > max || !lengths_match {
+        return Some(refuse_all(len, || StorageError::BatchTooLarge { len, max }));
+    }
+    None
+}

@@ -112,6 +112,13 @@ pub struct TransferConfig {
     /// 120 s, above `idle_connection_ms` (60 s) so that a healthy requester closes its idle
     /// connections first. Idle connections hold no thread.
     pub server_idle_timeout_ms: u64,
+    /// The cluster's shared token (docs/security.md). When set, this engine's segments are
+    /// served only to requesters that present the segment's capability (derived from the
+    /// token, see `auth.rs`): on TCP a grant per connection and segment, over shared memory in
+    /// the handshake. [`crate::TransferEngine::segment_endpoint`] then carries the capability
+    /// for the master to hand out. Default `None`: every registered segment is served to
+    /// whoever reaches the data port (and, for shm, the socket).
+    pub auth_token: Option<mooncake_common::AuthToken>,
 }
 
 impl Default for TransferConfig {
@@ -142,6 +149,7 @@ impl Default for TransferConfig {
             max_batch_entries: 65_536,
             max_server_connections_per_peer: 256,
             server_idle_timeout_ms: 120_000,
+            auth_token: None,
         }
     }
 }

@@ -2,7 +2,7 @@
 //! inside replica descriptors.
 //!
 //! ```text
-//! tcp://HOST:PORT?inst=HEX16[&host=HOST_ID][&shm=SOCKET_PATH]
+//! tcp://HOST:PORT?inst=HEX16[&host=HOST_ID][&shm=SOCKET_PATH][&cap=HEX64]
 //! tcp://127.0.0.1:41233?inst=9f3a0c55e2b14d07&host=2b6f1c1e-8f0e-4c2a-9d55-0a1b2c3d4e5f&shm=/tmp/mooncake-transfer-0/9f3a0c55e2b14d07.sock
 //! ```
 //!
@@ -10,13 +10,17 @@
 //! 64-bit id chosen when the engine starts (it tells a process's own segments apart from a
 //! restarted process on the same port). `host` is the host identity (`MOONCAKE_HOST_ID`, else
 //! the kernel boot id, else the host name): a peer with the same value may try the shared-memory
-//! transport through the Unix socket at `shm`. Values are percent-encoded; unknown keys are
-//! ignored so that later versions can add fields.
+//! transport through the Unix socket at `shm`. `cap` is the capability of one segment of an
+//! engine started with the cluster's token (`auth.rs`): the endpoint a segment is mounted with
+//! carries it, and a requester presents it to the owner. `Display` leaves it out, so error
+//! messages and logs never carry it; [`Endpoint::to_string_with_capability`] keeps it. Values
+//! are percent-encoded; unknown keys are ignored so that later versions can add fields.
 
 use std::fmt;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::path::{Path, PathBuf};
 
+use crate::auth::Capability;
 use crate::error::TransferError;
 
 /// Longest endpoint string accepted.
@@ -30,6 +34,7 @@ pub struct Endpoint {
     instance_id: u64,
     host_id: Option<String>,
     shm_path: Option<PathBuf>,
+    capability: Option<Capability>,
 }
 
 impl Endpoint {
@@ -49,7 +54,14 @@ impl Endpoint {
             instance_id,
             host_id: host_id.filter(|h| !h.is_empty()),
             shm_path,
+            capability: None,
         })
+    }
+
+    /// The same endpoint carrying `capability` (the endpoint of one segment).
+    pub fn with_capability(mut self, capability: Option<Capability>) -> Endpoint {
+        self.capability = capability;
+        self
     }
 
     /// Parses the string form (see the module docs).
@@ -76,6 +88,7 @@ impl Endpoint {
         let mut instance_id = None;
         let mut host_id = None;
         let mut shm_path = None;
+        let mut capability = None;
         for pair in query.split('&').filter(|p| !p.is_empty()) {
             let (key, value) = pair
                 .split_once('=')
@@ -91,6 +104,12 @@ impl Endpoint {
                 }
                 "host" => host_id = Some(value).filter(|v| !v.is_empty()),
                 "shm" => shm_path = Some(PathBuf::from(value)).filter(|p| p.is_absolute()),
+                "cap" => {
+                    capability = Some(
+                        Capability::from_hex(&value)
+                            .ok_or_else(|| bad("cap must be 64 hex digits"))?,
+                    )
+                }
                 _ => {}
             }
         }
@@ -100,7 +119,17 @@ impl Endpoint {
             instance_id: instance_id.ok_or_else(|| bad("missing inst"))?,
             host_id,
             shm_path,
+            capability,
         })
+    }
+
+    /// The string form including the capability (`&cap=HEX64` last), when there is one: what
+    /// a segment is mounted with.
+    pub fn to_string_with_capability(&self) -> String {
+        match &self.capability {
+            Some(capability) => format!("{self}&cap={}", capability.to_hex()),
+            None => self.to_string(),
+        }
     }
 
     pub fn host(&self) -> &str {
@@ -117,6 +146,10 @@ impl Endpoint {
     }
     pub fn shm_path(&self) -> Option<&Path> {
         self.shm_path.as_deref()
+    }
+    /// The capability of the segment this endpoint was mounted with, if its owner requires one.
+    pub fn capability(&self) -> Option<&Capability> {
+        self.capability.as_ref()
     }
 
     /// `host:port`, resolvable by `ToSocketAddrs`.
@@ -277,6 +310,24 @@ mod tests {
         }
         let long = format!("tcp://a:1?inst=0000000000000001&x={}", "a".repeat(5000));
         assert!(Endpoint::parse(&long).is_err());
+    }
+
+    #[test]
+    fn a_capability_travels_in_the_string_but_not_in_display() {
+        let cap = "00112233445566778899aabbccddeeff00112233445566778899aabbccddeeff";
+        let text = format!("tcp://127.0.0.1:1?inst=0000000000000002&host=h&cap={cap}");
+        let ep = Endpoint::parse(&text).unwrap();
+        assert_eq!(ep.capability().map(|c| c.to_hex()), Some(cap.to_string()));
+        assert_eq!(ep.to_string_with_capability(), text);
+        assert!(!ep.to_string().contains("cap="), "{ep}");
+        assert_eq!(
+            Endpoint::parse(&ep.to_string_with_capability()).unwrap(),
+            ep
+        );
+        for bad in ["00", "zz", &cap[1..]] {
+            let text = format!("tcp://127.0.0.1:1?inst=0000000000000002&cap={bad}");
+            assert!(Endpoint::parse(&text).is_err(), "{text}");
+        }
     }
 
     #[test]

@@ -10,6 +10,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, Sender};
 use parking_lot::Mutex;
 
+use crate::auth::{Capability, DataPortAuth};
 use crate::batch::{Batch, BatchState, Chunk, Op, TransferRequest};
 use crate::config::{TransferConfig, TransportMode};
 use crate::copy::{copy_crc32c, copy_streaming};
@@ -133,10 +134,19 @@ enum Route {
 
 type PeerKey = (u64, String);
 
+#[derive(Debug)]
+struct ShmFailure {
+    at: Instant,
+    error: TransferError,
+    capability: Option<Capability>,
+}
+
 struct Inner {
     config: TransferConfig,
     registry: Arc<Registry>,
     endpoint: Arc<Endpoint>,
+    /// With the cluster's token: the capabilities of this engine's segments.
+    auth: Option<DataPortAuth>,
     host_id: String,
     page_bytes: usize,
     closed: AtomicBool,
@@ -145,7 +155,9 @@ struct Inner {
     copy_threads: Mutex<Vec<JoinHandle<()>>>,
     peers: Mutex<HashMap<PeerKey, Arc<TcpPeer>>>,
     shm_maps: Mutex<HashMap<(u64, u64), Arc<PeerMapping>>>,
-    shm_failures: Mutex<HashMap<(u64, u64), (Instant, TransferError)>>,
+    /// Recent failed handshakes per (instance, segment), with the capability they presented:
+    /// another capability (a fresh descriptor) tries again at once.
+    shm_failures: Mutex<HashMap<(u64, u64), ShmFailure>>,
     tcp_server: Mutex<Option<TcpServer>>,
     shm_server: Mutex<Option<ShmServer>>,
     server_stats: Arc<ServerStats>,
@@ -181,9 +193,15 @@ impl TransferEngine {
         config.validate()?;
         let registry = Arc::new(Registry::default());
         let server_stats = Arc::new(ServerStats::default());
+        let instance_id: u64 = rand::random::<u64>() | 1; // never 0
+        let auth = config
+            .auth_token
+            .clone()
+            .map(|token| DataPortAuth::new(token, instance_id));
         let tcp_server = TcpServer::start(
             config.tcp_bind_addr,
             Arc::clone(&registry),
+            auth.clone(),
             ServerLimits {
                 max_connections: config.max_server_connections,
                 max_connections_per_peer: config.max_server_connections_per_peer,
@@ -192,7 +210,6 @@ impl TransferEngine {
             },
             Arc::clone(&server_stats),
         )?;
-        let instance_id: u64 = rand::random::<u64>() | 1; // never 0
         let host_id = config.host_id.clone().unwrap_or_else(local_host_id);
         let shm_server = if config.enable_shm_server {
             Some(ShmServer::start(
@@ -200,6 +217,7 @@ impl TransferEngine {
                 &format!("{instance_id:016x}"),
                 config.shm_socket_mode,
                 Arc::clone(&registry),
+                auth.clone(),
             )?)
         } else {
             None
@@ -227,6 +245,7 @@ impl TransferEngine {
             config,
             registry,
             endpoint,
+            auth,
             host_id,
             page_bytes: page_bytes(),
             closed: AtomicBool::new(false),
@@ -258,6 +277,16 @@ impl TransferEngine {
     /// The endpoint string peers use to reach this engine's segments.
     pub fn endpoint(&self) -> &Arc<Endpoint> {
         &self.inner.endpoint
+    }
+
+    /// The endpoint string to mount segment `segment_id` with: [`TransferEngine::endpoint`]
+    /// plus, when this engine has the cluster's token, the segment's capability (`&cap=HEX64`,
+    /// see `auth.rs`), which requesters must present before this engine serves the segment.
+    pub fn segment_endpoint(&self, segment_id: u64) -> String {
+        let capability = self.inner.auth.as_ref().map(|a| a.capability(segment_id));
+        Endpoint::clone(&self.inner.endpoint)
+            .with_capability(capability)
+            .to_string_with_capability()
     }
 
     /// The configuration in force.
@@ -514,12 +543,7 @@ impl Inner {
             TransportMode::Tcp => Ok(Route::Tcp),
             TransportMode::Auto if !same_host => Ok(Route::Tcp),
             TransportMode::Auto => {
-                let key = (remote.instance_id(), segment_id);
-                let recently_failed = self
-                    .shm_failures
-                    .lock()
-                    .get(&key)
-                    .is_some_and(|(at, _)| at.elapsed() < SHM_RETRY_AFTER);
+                let recently_failed = self.recent_shm_failure(remote, segment_id).is_some();
                 Ok(if recently_failed {
                     Route::Tcp
                 } else {
@@ -532,6 +556,16 @@ impl Inner {
                 reason: "peer is not on this host or offers no shm socket".into(),
             }),
         }
+    }
+
+    /// The error of a handshake for this peer segment that failed less than `SHM_RETRY_AFTER`
+    /// ago with the same capability `remote` carries.
+    fn recent_shm_failure(&self, remote: &Endpoint, segment_id: u64) -> Option<TransferError> {
+        let failures = self.shm_failures.lock();
+        let failure = failures.get(&(remote.instance_id(), segment_id))?;
+        (failure.at.elapsed() < SHM_RETRY_AFTER
+            && failure.capability.as_ref() == remote.capability())
+        .then(|| failure.error.clone())
     }
 
     /// True when a shared-memory mapping of this peer segment is cached (no handshake needed).
@@ -819,10 +853,8 @@ impl Inner {
         if let Some(mapping) = self.shm_maps.lock().get(&key) {
             return Ok(Arc::clone(mapping));
         }
-        if let Some((at, err)) = self.shm_failures.lock().get(&key) {
-            if at.elapsed() < SHM_RETRY_AFTER {
-                return Err(err.clone());
-            }
+        if let Some(error) = self.recent_shm_failure(remote, segment_id) {
+            return Err(error);
         }
         let socket = remote
             .shm_path()
@@ -830,16 +862,19 @@ impl Inner {
                 endpoint: remote.to_string(),
                 reason: "no shm socket in endpoint".into(),
             })?;
-        match shm::map_peer_segment(socket, segment_id) {
+        match shm::map_peer_segment(socket, segment_id, remote.capability()) {
             Ok(mapping) => {
                 let mapping = Arc::new(mapping);
                 let mut maps = self.shm_maps.lock();
                 Ok(Arc::clone(maps.entry(key).or_insert(mapping)))
             }
             Err(err) => {
-                self.shm_failures
-                    .lock()
-                    .insert(key, (Instant::now(), err.clone()));
+                let failure = ShmFailure {
+                    at: Instant::now(),
+                    error: err.clone(),
+                    capability: remote.capability().copied(),
+                };
+                self.shm_failures.lock().insert(key, failure);
                 Err(err)
             }
         }

@@ -21,6 +21,10 @@ pub enum TransferError {
     /// No segment with this id is registered for remote access at the target.
     #[error("segment {segment_id} is not registered for remote access")]
     SegmentNotFound { segment_id: u64 },
+    /// The owner requires the segment's capability (it was started with the cluster's token)
+    /// and this requester did not present a valid one.
+    #[error("segment {segment_id} needs a valid capability (the owner was started with a token)")]
+    Unauthorized { segment_id: u64 },
     /// The segment exists but its owner did not register it as shareable over shared memory.
     #[error("segment {segment_id} is not registered as shareable")]
     NotShareable { segment_id: u64 },
@@ -92,6 +96,7 @@ impl TransferError {
             TransferError::SegmentNotFound { .. } | TransferError::RegionNotFound { .. } => {
                 ErrorCode::SEGMENT_NOT_FOUND
             }
+            TransferError::Unauthorized { .. } => ErrorCode::ILLEGAL_CLIENT,
             TransferError::RegionBusy { .. } => ErrorCode::OBJECT_REPLICA_BUSY,
             TransferError::Timeout { .. } => ErrorCode::RPC_TIMEOUT,
             TransferError::PeerUnreachable { .. }

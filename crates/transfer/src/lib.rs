@@ -9,6 +9,7 @@
 //! never free memory a transfer still uses, never block forever (every entry has a deadline) and
 //! never panic on anything a peer sends. It knows nothing about objects, keys or the master.
 
+pub mod auth;
 pub mod batch;
 pub mod config;
 mod copy;
@@ -22,6 +23,7 @@ mod shm;
 mod tcp;
 pub mod wire;
 
+pub use auth::{derive_capability, Capability, CAPABILITY_BYTES};
 pub use batch::{Batch, EntryStatus, Op, TransferRequest};
 pub use config::{TransferConfig, TransportMode};
 pub use crc::{crc32c, crc32c_combine};

@@ -6,7 +6,10 @@
 //! same user), and only segments registered as shareable are handed out.
 //!
 //! Handshake messages (little-endian, byte layout in docs/transfer.md):
-//! request  16 bytes: magic "MCSH", version 1, op 1 (map), 2 reserved zero bytes, segment id u64.
+//! request  16 bytes: magic "MCSH", version 1, op 1 (map), 2 reserved zero bytes, segment id u64;
+//!          or 48 bytes: the same with op 2 (map with capability), then the segment's 32-byte
+//!          capability (`auth.rs`). An owner started with the cluster's token answers op 1, and
+//!          op 2 with a capability that does not open the segment, with ILLEGAL_CLIENT (-601).
 //! response 32 bytes: magic "MCSH", version 1, 3 reserved, status i32, 4 reserved,
 //!          size u64, control offset u64; the fd rides along as ancillary data when status is 0.
 //!
@@ -26,6 +29,7 @@ use std::time::Duration;
 
 use mooncake_common::ErrorCode;
 
+use crate::auth::{Capability, DataPortAuth, CAPABILITY_BYTES};
 use crate::error::TransferError;
 use crate::memory::Mapping;
 use crate::registry::{RegionKind, Registry};
@@ -33,6 +37,7 @@ use crate::registry::{RegionKind, Registry};
 pub(crate) const SHM_MAGIC: [u8; 4] = *b"MCSH";
 pub(crate) const SHM_VERSION: u8 = 1;
 pub(crate) const SHM_OP_MAP: u8 = 1;
+pub(crate) const SHM_OP_MAP_WITH_CAPABILITY: u8 = 2;
 pub(crate) const REQUEST_BYTES: usize = 16;
 pub(crate) const RESPONSE_BYTES: usize = 32;
 const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(2);
@@ -89,6 +94,7 @@ impl ShmServer {
         name: &str,
         socket_mode: u32,
         registry: Arc<Registry>,
+        auth: Option<DataPortAuth>,
     ) -> Result<ShmServer, TransferError> {
         let io = |what: &str, e: std::io::Error| TransferError::Io(format!("{what}: {e}"));
         if !base_dir.exists() {
@@ -121,7 +127,7 @@ impl ShmServer {
                         break;
                     }
                     if let Ok(stream) = stream {
-                        let _ = serve_handshake(stream, &registry);
+                        let _ = serve_handshake(stream, &registry, auth.as_ref());
                     }
                 }
             })
@@ -193,21 +199,30 @@ fn page_bytes() -> usize {
         .unwrap_or(4096)
 }
 
-/// Decodes a handshake request; `None` when malformed.
-pub(crate) fn decode_request(bytes: &[u8; REQUEST_BYTES]) -> Option<u64> {
-    let ok = bytes[0..4] == SHM_MAGIC && bytes[4] == SHM_VERSION && bytes[5] == SHM_OP_MAP;
+/// Decodes the first 16 bytes of a handshake request: `(op, segment id)`; `None` when
+/// malformed. Op 2 is followed by the capability.
+pub(crate) fn decode_request(bytes: &[u8; REQUEST_BYTES]) -> Option<(u8, u64)> {
+    let op = bytes[5];
+    let ok = bytes[0..4] == SHM_MAGIC
+        && bytes[4] == SHM_VERSION
+        && (op == SHM_OP_MAP || op == SHM_OP_MAP_WITH_CAPABILITY);
     let reserved_zero = bytes[6] == 0 && bytes[7] == 0;
     let mut id = [0u8; 8];
     id.copy_from_slice(&bytes[8..16]);
-    (ok && reserved_zero).then(|| u64::from_le_bytes(id))
+    (ok && reserved_zero).then(|| (op, u64::from_le_bytes(id)))
 }
 
-pub(crate) fn encode_request(segment_id: u64) -> [u8; REQUEST_BYTES] {
-    let mut out = [0u8; REQUEST_BYTES];
+/// The handshake request for `segment_id`: op 1 (16 bytes), or op 2 with the capability (48).
+pub(crate) fn encode_request(segment_id: u64, capability: Option<&Capability>) -> Vec<u8> {
+    let mut out = vec![0u8; REQUEST_BYTES];
     out[0..4].copy_from_slice(&SHM_MAGIC);
     out[4] = SHM_VERSION;
     out[5] = SHM_OP_MAP;
     out[8..16].copy_from_slice(&segment_id.to_le_bytes());
+    if let Some(capability) = capability {
+        out[5] = SHM_OP_MAP_WITH_CAPABILITY;
+        out.extend_from_slice(capability.as_bytes());
+    }
     out
 }
 
@@ -241,7 +256,11 @@ pub(crate) fn decode_response(bytes: &[u8; RESPONSE_BYTES]) -> Option<(ErrorCode
     Some((ErrorCode::from_i32(status)?, word(16), word(24)))
 }
 
-fn serve_handshake(mut stream: UnixStream, registry: &Registry) -> Result<(), TransferError> {
+fn serve_handshake(
+    mut stream: UnixStream,
+    registry: &Registry,
+    auth: Option<&DataPortAuth>,
+) -> Result<(), TransferError> {
     let io = |e: std::io::Error| TransferError::Io(e.to_string());
     stream
         .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
@@ -251,10 +270,23 @@ fn serve_handshake(mut stream: UnixStream, registry: &Registry) -> Result<(), Tr
         .map_err(io)?;
     let mut request = [0u8; REQUEST_BYTES];
     stream.read_exact(&mut request).map_err(io)?;
-    let Some(segment_id) = decode_request(&request) else {
+    let Some((op, segment_id)) = decode_request(&request) else {
         let reply = encode_response(ErrorCode::INVALID_PARAMS, 0, 0);
         return stream.write_all(&reply).map_err(io);
     };
+    let mut presented = None;
+    if op == SHM_OP_MAP_WITH_CAPABILITY {
+        let mut capability = [0u8; CAPABILITY_BYTES];
+        stream.read_exact(&mut capability).map_err(io)?;
+        presented = Some(capability);
+    }
+    if let Some(auth) = auth {
+        let granted = presented.is_some_and(|cap| auth.verify(segment_id, &cap));
+        if !granted {
+            let reply = encode_response(ErrorCode::ILLEGAL_CLIENT, 0, 0);
+            return stream.write_all(&reply).map_err(io);
+        }
+    }
     let region = registry.get(segment_id);
     let answer = match region {
         Some(region) => match (region.kind(), region.mapping()) {
@@ -364,10 +396,12 @@ fn recv_with_fd(sock: RawFd, buf: &mut [u8]) -> Result<Option<OwnedFd>, Transfer
     Ok(received)
 }
 
-/// Connects to a peer's shm socket and maps segment `segment_id`.
+/// Connects to a peer's shm socket and maps segment `segment_id`, presenting its capability
+/// when the endpoint carried one.
 pub(crate) fn map_peer_segment(
     socket: &Path,
     segment_id: u64,
+    capability: Option<&Capability>,
 ) -> Result<PeerMapping, TransferError> {
     let io = |e: std::io::Error| TransferError::Io(format!("{}: {e}", socket.display()));
     let mut stream = UnixStream::connect(socket).map_err(io)?;
@@ -377,7 +411,9 @@ pub(crate) fn map_peer_segment(
     stream
         .set_write_timeout(Some(HANDSHAKE_TIMEOUT))
         .map_err(io)?;
-    stream.write_all(&encode_request(segment_id)).map_err(io)?;
+    stream
+        .write_all(&encode_request(segment_id, capability))
+        .map_err(io)?;
     let mut reply = [0u8; RESPONSE_BYTES];
     let fd = recv_with_fd(stream.as_raw_fd(), &mut reply)?;
     let (status, size_bytes, control) = decode_response(&reply)
@@ -386,6 +422,7 @@ pub(crate) fn map_peer_segment(
         ErrorCode::OK => {}
         ErrorCode::SEGMENT_NOT_FOUND => return Err(TransferError::SegmentNotFound { segment_id }),
         ErrorCode::INVALID_PARAMS => return Err(TransferError::NotShareable { segment_id }),
+        ErrorCode::ILLEGAL_CLIENT => return Err(TransferError::Unauthorized { segment_id }),
         code => return Err(TransferError::Rejected { code }),
     }
     let fd = fd.ok_or_else(|| TransferError::Io("handshake reply carried no fd".into()))?;
@@ -413,8 +450,9 @@ mod tests {
 
     #[test]
     fn handshake_messages_round_trip_and_reject_garbage() {
-        assert_eq!(decode_request(&encode_request(42)), Some(42));
-        let mut bad = encode_request(42);
+        let request: [u8; REQUEST_BYTES] = encode_request(42, None).try_into().unwrap();
+        assert_eq!(decode_request(&request), Some((SHM_OP_MAP, 42)));
+        let mut bad = request;
         bad[6] = 1;
         assert_eq!(decode_request(&bad), None);
         let reply = encode_response(ErrorCode::OK, 4096, 4096);
@@ -435,8 +473,39 @@ mod tests {
             0x00, 0x00,             // reserved
             0x03, 0, 0, 0, 0, 0, 0, 0, // segment id 3
         ];
-        assert_eq!(decode_request(&request), Some(3));
-        assert_eq!(encode_request(3), request);
+        assert_eq!(decode_request(&request), Some((SHM_OP_MAP, 3)));
+        assert_eq!(encode_request(3, None), request);
+
+        // With a capability (the owner has the cluster's token): op 2, then the 32 bytes.
+        let capability = Capability::from_bytes([0xab; CAPABILITY_BYTES]);
+        #[rustfmt::skip]
+        let with_capability: [u8; REQUEST_BYTES + CAPABILITY_BYTES] = [
+            0x4d, 0x43, 0x53, 0x48, // "MCSH"
+            0x01,                   // version 1
+            0x02,                   // op 2: map with capability
+            0x00, 0x00,             // reserved
+            0x03, 0, 0, 0, 0, 0, 0, 0, // segment id 3
+            0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, // capability (32 bytes)
+            0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab,
+            0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab,
+            0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab, 0xab,
+        ];
+        assert_eq!(encode_request(3, Some(&capability)), with_capability);
+        let head: [u8; REQUEST_BYTES] = with_capability[..REQUEST_BYTES].try_into().unwrap();
+        assert_eq!(decode_request(&head), Some((SHM_OP_MAP_WITH_CAPABILITY, 3)));
+
+        // Refused for a missing or wrong capability: ILLEGAL_CLIENT (-601 = a7 fd ff ff).
+        let mut unauthorized = [0u8; RESPONSE_BYTES];
+        unauthorized[..8].copy_from_slice(&[0x4d, 0x43, 0x53, 0x48, 0x01, 0, 0, 0]);
+        unauthorized[8..12].copy_from_slice(&[0xa7, 0xfd, 0xff, 0xff]);
+        assert_eq!(
+            encode_response(ErrorCode::ILLEGAL_CLIENT, 0, 0),
+            unauthorized
+        );
+        assert_eq!(
+            decode_response(&unauthorized),
+            Some((ErrorCode::ILLEGAL_CLIENT, 0, 0))
+        );
 
         #[rustfmt::skip]
         let granted: [u8; RESPONSE_BYTES] = [
@@ -469,7 +538,7 @@ mod tests {
         assert_eq!(encode_response(ErrorCode::INVALID_PARAMS, 0, 0), refused);
 
         // Each rule of the decoders: wrong op, version, reserved bytes, a status no code has.
-        for (at, value) in [(5, 2), (4, 2), (7, 1), (0, b'm')] {
+        for (at, value) in [(5, 3), (5, 0), (4, 2), (7, 1), (0, b'm')] {
             let mut bad = request;
             bad[at] = value;
             assert_eq!(decode_request(&bad), None, "request byte {at} = {value}");

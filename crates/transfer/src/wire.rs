@@ -5,7 +5,8 @@
 //! off size field
 //!   0    4 magic       b"MCTX"
 //!   4    1 version     1
-//!   5    1 kind        1 read request, 2 write request, 0x81 read response, 0x82 write response
+//!   5    1 kind        1 read request, 2 write request, 3 grant request,
+//!                      0x81 read response, 0x82 write response, 0x83 grant response
 //!   6    2 flags       0 (reserved)
 //!   8    4 status      i32: 0 in requests; 0 or an upstream ErrorCode in responses
 //!  12    4 reserved    0
@@ -15,10 +16,13 @@
 //!  40    8 length      payload bytes (echoed); at most MAX_PAYLOAD_BYTES
 //! ```
 //!
-//! A payload of exactly `length` bytes follows a write request and an OK read response;
-//! nothing follows any other header. The decoder never panics and rejects anything else.
+//! A payload of exactly `length` bytes follows a write request, a grant request (the 32-byte
+//! capability of `segment_id`; `offset` 0, `length` 32) and an OK read response; nothing follows
+//! any other header. The decoder never panics and rejects anything else.
 
 use mooncake_common::ErrorCode;
+
+use crate::auth::CAPABILITY_BYTES;
 
 /// `b"MCTX"`: the first four bytes of every header.
 pub const MAGIC: [u8; 4] = *b"MCTX";
@@ -35,8 +39,12 @@ pub const MAX_PAYLOAD_BYTES: u64 = 64 << 20;
 pub enum Kind {
     ReadRequest = 0x01,
     WriteRequest = 0x02,
+    /// Presents the capability of `segment_id` for the rest of the connection (a server
+    /// started with the cluster's token serves a segment to a connection only after this).
+    GrantRequest = 0x03,
     ReadResponse = 0x81,
     WriteResponse = 0x82,
+    GrantResponse = 0x83,
 }
 
 impl Kind {
@@ -44,15 +52,25 @@ impl Kind {
         match value {
             0x01 => Some(Kind::ReadRequest),
             0x02 => Some(Kind::WriteRequest),
+            0x03 => Some(Kind::GrantRequest),
             0x81 => Some(Kind::ReadResponse),
             0x82 => Some(Kind::WriteResponse),
+            0x83 => Some(Kind::GrantResponse),
             _ => None,
         }
     }
 
-    /// True for the two request kinds.
+    /// True for the three request kinds.
     pub fn is_request(self) -> bool {
-        matches!(self, Kind::ReadRequest | Kind::WriteRequest)
+        matches!(
+            self,
+            Kind::ReadRequest | Kind::WriteRequest | Kind::GrantRequest
+        )
+    }
+
+    /// True for a grant request or response.
+    pub fn is_grant(self) -> bool {
+        matches!(self, Kind::GrantRequest | Kind::GrantResponse)
     }
 
     /// The response kind answering this request kind (a response maps to itself).
@@ -60,6 +78,7 @@ impl Kind {
         match self {
             Kind::ReadRequest | Kind::ReadResponse => Kind::ReadResponse,
             Kind::WriteRequest | Kind::WriteResponse => Kind::WriteResponse,
+            Kind::GrantRequest | Kind::GrantResponse => Kind::GrantResponse,
         }
     }
 }
@@ -96,6 +115,8 @@ pub enum WireError {
     PayloadTooLarge { length: u64 },
     #[error("offset {offset} + length {length} overflows u64")]
     RangeOverflow { offset: u64, length: u64 },
+    #[error("grant with offset {offset} and length {length} (must be 0 and {CAPABILITY_BYTES})")]
+    BadGrant { offset: u64, length: u64 },
     #[error("unexpected header: expected {expected}, got {got:?} for request {request_id}")]
     Unexpected {
         expected: &'static str,
@@ -127,10 +148,22 @@ impl Header {
         }
     }
 
+    /// A grant request presenting the capability of `segment_id` (the 32 bytes follow).
+    pub fn grant(request_id: u64, segment_id: u64) -> Self {
+        Header {
+            kind: Kind::GrantRequest,
+            status: ErrorCode::OK,
+            request_id,
+            segment_id,
+            offset: 0,
+            length: CAPABILITY_BYTES as u64,
+        }
+    }
+
     /// Number of payload bytes that follow this header on the stream.
     pub fn payload_bytes(&self) -> u64 {
         match self.kind {
-            Kind::WriteRequest => self.length,
+            Kind::WriteRequest | Kind::GrantRequest => self.length,
             Kind::ReadResponse if self.status.is_ok() => self.length,
             _ => 0,
         }
@@ -211,6 +244,12 @@ impl Header {
                 length: header.length,
             });
         }
+        if kind.is_grant() && (header.offset != 0 || header.length != CAPABILITY_BYTES as u64) {
+            return Err(WireError::BadGrant {
+                offset: header.offset,
+                length: header.length,
+            });
+        }
         Ok(header)
     }
 }
@@ -277,7 +316,7 @@ mod tests {
         };
         assert!(matches!(mutate(0, b'X'), Err(WireError::BadMagic(_))));
         assert_eq!(mutate(4, 2), Err(WireError::BadVersion(2)));
-        assert_eq!(mutate(5, 0x03), Err(WireError::BadKind(3)));
+        assert_eq!(mutate(5, 0x04), Err(WireError::BadKind(4)));
         assert!(matches!(
             mutate(6, 1),
             Err(WireError::ReservedNotZero { .. })
@@ -308,6 +347,42 @@ mod tests {
         assert_eq!(Header::decode(&response), Err(WireError::UnknownStatus(5)));
     }
 
+    /// The grant example of docs/transfer.md: request id 9 presents the capability of segment 3
+    /// (32 bytes follow); the answer refusing it with ILLEGAL_CLIENT (-601 = 0xfffffda7).
+    #[test]
+    fn grant_matches_the_documented_bytes() {
+        #[rustfmt::skip]
+        let request: [u8; HEADER_BYTES] = [
+            0x4d, 0x43, 0x54, 0x58, 0x01, // "MCTX", version 1
+            0x03,                         // kind: grant request
+            0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, 0x00, // flags, status, reserved
+            0x09, 0, 0, 0, 0, 0, 0, 0,    // request id 9
+            0x03, 0, 0, 0, 0, 0, 0, 0,    // segment id 3
+            0x00, 0, 0, 0, 0, 0, 0, 0,    // offset 0
+            0x20, 0, 0, 0, 0, 0, 0, 0,    // length 32: the capability follows
+        ];
+        let header = Header::decode(&request).unwrap();
+        assert_eq!(header, Header::grant(9, 3));
+        assert_eq!(header.encode(), request);
+        assert_eq!(header.payload_bytes(), 32);
+
+        let mut refused = request;
+        refused[5] = 0x83;
+        refused[8..12].copy_from_slice(&[0xa7, 0xfd, 0xff, 0xff]);
+        let answer = Header::decode(&refused).unwrap();
+        assert_eq!(answer, header.response(ErrorCode::ILLEGAL_CLIENT));
+        assert_eq!(answer.payload_bytes(), 0);
+
+        for (at, value) in [(32, 1), (40, 31), (41, 1)] {
+            let mut bad = request;
+            bad[at] = value;
+            assert!(
+                matches!(Header::decode(&bad), Err(WireError::BadGrant { .. })),
+                "byte {at} = {value}"
+            );
+        }
+    }
+
     proptest::proptest! {
         #[test]
         fn decode_never_panics_and_round_trips(bytes in proptest::collection::vec(proptest::num::u8::ANY, 0..96)) {
@@ -318,7 +393,7 @@ mod tests {
         }
 
         #[test]
-        fn decode_never_panics_past_a_valid_prefix(kind in proptest::sample::select(vec![1u8, 2, 0x81, 0x82, 3, 0]), rest in proptest::collection::vec(proptest::num::u8::ANY, 42..60)) {
+        fn decode_never_panics_past_a_valid_prefix(kind in proptest::sample::select(vec![1u8, 2, 3, 0x81, 0x82, 0x83, 4, 0]), rest in proptest::collection::vec(proptest::num::u8::ANY, 42..60)) {
             // Valid magic/version so the decoder reaches the later fields.
             let mut bytes = b"MCTX\x01".to_vec();
             bytes.push(kind);

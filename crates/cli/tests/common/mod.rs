@@ -223,12 +223,27 @@ impl Drop for StoreNode {
 
 /// One HTTP/1.1 request with `Connection: close`; returns (status, body).
 pub fn http(method: &str, addr: SocketAddr, path: &str, body: &[u8]) -> (u16, String) {
+    http_with_headers(method, addr, path, &[], body)
+}
+
+/// [`http`] with extra header lines (`("Authorization", "Bearer …")`).
+pub fn http_with_headers(
+    method: &str,
+    addr: SocketAddr,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+) -> (u16, String) {
     let mut stream = TcpStream::connect(addr).unwrap();
     stream
         .set_read_timeout(Some(Duration::from_secs(10)))
         .unwrap();
+    let extra: String = headers
+        .iter()
+        .map(|(name, value)| format!("{name}: {value}\r\n"))
+        .collect();
     let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\nContent-Length: {}\r\n\r\n",
+        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nConnection: close\r\n{extra}Content-Length: {}\r\n\r\n",
         body.len()
     );
     stream.write_all(head.as_bytes()).unwrap();

@@ -71,7 +71,7 @@ impl StoreClient {
             name: endpoint.tcp_authority(),
             base,
             size: size_bytes,
-            te_endpoint: endpoint.to_string(),
+            te_endpoint: inner.engine.segment_endpoint(memory.id()),
             protocol: inner.config.protocol.clone(),
             host_id: endpoint.host_id().unwrap_or_default().to_string(),
         };

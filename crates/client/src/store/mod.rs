@@ -44,7 +44,7 @@ pub use mooncake_transfer::memory::Access;
 pub use ranges::{RangeRead, RangeWrite};
 pub use verify::VerifyReport;
 
-use mooncake_common::{ClientId, Segment};
+use mooncake_common::{AuthToken, ClientId, Segment};
 use mooncake_rpc::ClientConfig;
 use mooncake_transfer::{MemoryHandle, TransferConfig, TransferEngine, TransportMode};
 use parking_lot::Mutex;
@@ -102,6 +102,10 @@ pub struct StoreConfig {
     /// Transfer engine settings (bind address and advertised host are derived from
     /// `local_hostname`).
     pub transfer: TransferConfig,
+    /// The cluster's shared token (docs/security.md): presented to the master on every
+    /// connection and keying this client's data-port capabilities. `None` (the default): the
+    /// environment's (`MC_AUTH_TOKEN`, else the file `MC_AUTH_TOKEN_FILE`), if any.
+    pub auth_token: Option<AuthToken>,
 }
 
 impl Default for StoreConfig {
@@ -119,6 +123,7 @@ impl Default for StoreConfig {
             auto_port_range: Some(AUTO_PORT_MIN..=AUTO_PORT_MAX),
             rpc: ClientConfig::default(),
             transfer: TransferConfig::default(),
+            auth_token: None,
         }
     }
 }
@@ -294,10 +299,24 @@ impl StoreClient {
         }
         let master_addr = resolve(&config.master_addr)?;
         let bind = transfer_bind(&config.local_hostname)?;
+        let auth_token = match &config.auth_token {
+            Some(token) => Some(token.clone()),
+            None => crate::auth::token_from_env().map_err(StoreError::InvalidParams)?,
+        };
+        if auth_token.is_none() && !bind.addr.ip().is_loopback() {
+            tracing::warn!(
+                "the data port binds {} without a token: anyone who reaches it can read and \
+                 overwrite this node's memory (set MC_AUTH_TOKEN, docs/security.md)",
+                bind.addr.ip()
+            );
+        }
         let mut transfer = config.transfer.clone();
         transfer.transport = config.transport;
+        transfer.auth_token = auth_token.clone();
         let engine = start_engine(transfer, &bind, config.auto_port_range.as_ref())?;
-        let master = MasterClient::new(master_addr, config.rpc.clone());
+        let mut rpc = config.rpc.clone();
+        rpc.auth_token = auth_token;
+        let master = MasterClient::new(master_addr, rpc);
         master.service_ready().await?;
         let inner = Arc::new(Inner {
             master,

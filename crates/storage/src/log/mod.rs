@@ -37,6 +37,7 @@ use crate::backend::{
     BackendConfig, Durability, EvictionListener, EvictionPolicy, ObjectInfo, StorageBackend,
     StorageError, Usage,
 };
+use crate::util::refuse_batch;
 use index::{Entry, Index};
 use parking_lot::{Mutex, RwLock};
 use std::collections::HashSet;
@@ -838,20 +839,10 @@ impl StorageBackend for LogBackend {
     }
 
     fn put_batch(&self, entries: &[(&str, &[u8])]) -> Vec<Result<(), StorageError>> {
-        if self.closed.load(Ordering::SeqCst) {
-            return entries.iter().map(|_| Err(StorageError::Closed)).collect();
-        }
-        let limits = self.config.limits;
-        if entries.len() > limits.max_batch_entries {
-            return entries
-                .iter()
-                .map(|_| {
-                    Err(StorageError::BatchTooLarge {
-                        len: entries.len(),
-                        max: limits.max_batch_entries,
-                    })
-                })
-                .collect();
+        let closed = self.closed.load(Ordering::SeqCst);
+        let max = self.config.limits.max_batch_entries;
+        if let Some(refused) = refuse_batch(closed, entries.len(), max, true) {
+            return refused;
         }
         let mut results: Vec<Outcome> = entries.iter().map(|_| None).collect();
         let mut items = self.validate_batch(entries, &mut results);
@@ -926,20 +917,11 @@ impl StorageBackend for LogBackend {
         keys: &[&str],
         buffers: &mut [&mut [u8]],
     ) -> Vec<Result<u64, StorageError>> {
-        if self.closed.load(Ordering::SeqCst) {
-            return keys.iter().map(|_| Err(StorageError::Closed)).collect();
-        }
+        let closed = self.closed.load(Ordering::SeqCst);
         let max = self.config.limits.max_batch_entries;
-        if keys.len() > max {
-            return keys
-                .iter()
-                .map(|_| {
-                    Err(StorageError::BatchTooLarge {
-                        len: keys.len(),
-                        max,
-                    })
-                })
-                .collect();
+        // A key without a buffer is refused on its own (BufferTooSmall), below.
+        if let Some(refused) = refuse_batch(closed, keys.len(), max, true) {
+            return refused;
         }
         let _gate = self.gate.read();
         let mut results = Vec::with_capacity(keys.len());

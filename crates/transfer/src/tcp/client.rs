@@ -6,7 +6,7 @@
 //! order and, for a read, the payload straight into local memory). A chunk is reported only
 //! when both threads are done with its memory.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::net::{Shutdown, TcpStream};
 use std::os::fd::AsRawFd;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
@@ -17,6 +17,7 @@ use std::time::{Duration, Instant};
 use crossbeam_channel::{Receiver, RecvTimeoutError, Sender};
 use parking_lot::{Condvar, Mutex};
 
+use crate::auth::{Capability, CAPABILITY_BYTES};
 use crate::batch::{Chunk, Op};
 use crate::endpoint::Endpoint;
 use crate::error::TransferError;
@@ -81,6 +82,9 @@ struct Conn {
     broken: AtomicBool,
     /// Left the pool's `live` count itself (idle close).
     retired: AtomicBool,
+    /// The capability this connection presented for each segment (grants are per connection;
+    /// only the sender thread touches this).
+    granted: Mutex<HashMap<u64, Capability>>,
 }
 
 impl Conn {
@@ -247,6 +251,7 @@ impl TcpPeer {
             slot_freed: Condvar::new(),
             broken: AtomicBool::new(false),
             retired: AtomicBool::new(false),
+            granted: Mutex::new(HashMap::new()),
         });
         self.state.lock().conns.push(Arc::clone(&conn));
         let receiver = {
@@ -336,7 +341,10 @@ impl TcpPeer {
         let now = Instant::now();
         let mut pendings: Vec<Arc<Pending>> = Vec::with_capacity(group.len());
         let mut heads: Vec<[u8; HEADER_BYTES]> = Vec::with_capacity(group.len());
+        // Capabilities presented by grants in this group, in order (their bytes are sent).
+        let mut caps: Vec<[u8; CAPABILITY_BYTES]> = Vec::new();
         {
+            let mut granted = conn.granted.lock();
             let mut inflight = conn.inflight.lock();
             if conn.broken.load(Ordering::SeqCst) {
                 drop(inflight);
@@ -351,6 +359,28 @@ impl TcpPeer {
                 if now > chunk.deadline() {
                     chunk.finish(Err(self.timeout()));
                     continue;
+                }
+                if let Some(cap) = chunk.remote.capability() {
+                    if granted.get(&chunk.segment_id) != Some(cap) {
+                        // The owner serves this segment on this connection only after it saw
+                        // the capability: present it first (answered in order, like any request).
+                        let request_id = self.next_request_id.fetch_add(1, Ordering::Relaxed);
+                        heads.push(Header::grant(request_id, chunk.segment_id).encode());
+                        caps.push(*cap.as_bytes());
+                        granted.insert(chunk.segment_id, *cap);
+                        let pending = Arc::new(Pending {
+                            request_id,
+                            kind: Kind::GrantRequest,
+                            local_ptr: 0,
+                            len_bytes: 0,
+                            deadline: chunk.deadline(),
+                            chunk: Mutex::new(None),
+                            result: Mutex::new(None),
+                            holders: AtomicU8::new(2),
+                        });
+                        inflight.push_back(Arc::clone(&pending));
+                        pendings.push(pending);
+                    }
                 }
                 let kind = match chunk.op {
                     Op::Read => Kind::ReadRequest,
@@ -385,10 +415,19 @@ impl TcpPeer {
             return Ok(());
         }
         let mut pieces: Vec<(*const u8, usize)> = Vec::with_capacity(2 * pendings.len());
+        let mut next_cap = caps.iter();
         for (head, pending) in heads.iter().zip(&pendings) {
             pieces.push((head.as_ptr(), HEADER_BYTES));
-            if pending.kind == Kind::WriteRequest {
-                pieces.push((pending.local_ptr as *const u8, pending.len_bytes));
+            match pending.kind {
+                Kind::WriteRequest => {
+                    pieces.push((pending.local_ptr as *const u8, pending.len_bytes));
+                }
+                Kind::GrantRequest => {
+                    if let Some(cap) = next_cap.next() {
+                        pieces.push((cap.as_ptr(), CAPABILITY_BYTES));
+                    }
+                }
+                _ => {}
             }
         }
         let deadline = pendings.iter().map(|p| p.deadline).min().unwrap_or(now);
@@ -402,8 +441,9 @@ impl TcpPeer {
                 Ok(())
             }
         };
-        // SAFETY: headers live in `heads`; each write payload is inside the local region
-        // pinned by its chunk, which its `pending` keeps alive until both holders released it.
+        // SAFETY: headers live in `heads` and capabilities in `caps` (neither changes from here
+        // on); each write payload is inside the local region pinned by its chunk, which its
+        // `pending` keeps alive until both holders released it.
         let sent = unsafe { send_pieces(conn.stream.as_raw_fd(), &pieces, wait) };
         match sent {
             Ok(()) => {

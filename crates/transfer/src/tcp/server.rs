@@ -30,6 +30,7 @@ use std::time::{Duration, Instant};
 use mooncake_common::ErrorCode;
 use parking_lot::{Condvar, Mutex};
 
+use crate::auth::{DataPortAuth, CAPABILITY_BYTES};
 use crate::error::TransferError;
 use crate::registry::Registry;
 use crate::tcp::io::{discard, recv_exact, send_all, IoFail, POLL_INTERVAL};
@@ -46,6 +47,9 @@ pub const EVICT_IDLE_AFTER: Duration = Duration::from_secs(30);
 const LISTEN_BACKLOG: i32 = 4096;
 /// Readiness events taken per `epoll_wait`.
 const EVENTS_PER_WAIT: usize = 256;
+/// Segments one connection may hold grants for (a node serves a handful of segments); a grant
+/// beyond it is refused with BUFFER_OVERFLOW.
+pub const MAX_GRANTS_PER_CONNECTION: usize = 1024;
 
 /// Counters of the serving side (read by tests and the bench).
 #[derive(Debug, Default)]
@@ -64,6 +68,11 @@ pub struct ServerStats {
     pub idle_timeouts: AtomicUsize,
     /// Connections closed because a request header did not complete within the I/O timeout.
     pub stalled_headers: AtomicUsize,
+    /// Grants refused: a capability that does not open its segment (token configured).
+    pub grants_refused: AtomicUsize,
+    /// Reads and writes refused because their connection held no grant for the segment (token
+    /// configured); the segment's memory was not touched.
+    pub unauthorized_requests: AtomicUsize,
     /// Worker threads alive now.
     pub workers: AtomicUsize,
 }
@@ -93,6 +102,8 @@ struct Conn {
     /// The part of the next request header read so far while parked (a worker is only given
     /// a connection once its whole header is here).
     header: Mutex<PartialHeader>,
+    /// Segments this connection presented a valid capability for (with a token configured).
+    granted: Mutex<Vec<u64>>,
 }
 
 /// Header bytes read ahead of a worker.
@@ -215,6 +226,9 @@ struct Workers {
 #[derive(Debug)]
 struct Shared {
     registry: Arc<Registry>,
+    /// Set when the engine has the cluster's token: segments are served to granted
+    /// connections only.
+    auth: Option<DataPortAuth>,
     stop: AtomicBool,
     limits: ServerLimits,
     stats: Arc<ServerStats>,
@@ -238,6 +252,7 @@ impl TcpServer {
     pub(crate) fn start(
         bind: SocketAddr,
         registry: Arc<Registry>,
+        auth: Option<DataPortAuth>,
         limits: ServerLimits,
         stats: Arc<ServerStats>,
     ) -> Result<TcpServer, TransferError> {
@@ -262,6 +277,7 @@ impl TcpServer {
         let epoll = unsafe { OwnedFd::from_raw_fd(epfd) };
         let shared = Arc::new(Shared {
             registry,
+            auth,
             stop: AtomicBool::new(false),
             limits,
             stats,
@@ -375,6 +391,7 @@ impl Shared {
             last_active_ns: AtomicU64::new(now),
             served: AtomicBool::new(false),
             header: Mutex::new(PartialHeader::default()),
+            granted: Mutex::new(Vec::new()),
         });
         table.entries.insert(
             conn.id,
@@ -732,10 +749,27 @@ fn serve_connection(conn: &Conn, shared: &Shared) -> bool {
                 Ok(())
             }
         };
-        let guard =
+        if request.kind == Kind::GrantRequest {
+            if grant(conn, shared, &request, wait).is_err() {
+                return false;
+            }
+            conn.last_active_ns
+                .store(shared.now_ns(), Ordering::Relaxed);
+            continue;
+        }
+        let guard = if shared.auth.is_some() && !conn.granted.lock().contains(&request.segment_id) {
+            shared
+                .stats
+                .unauthorized_requests
+                .fetch_add(1, Ordering::Relaxed);
+            Err(TransferError::Unauthorized {
+                segment_id: request.segment_id,
+            })
+        } else {
             shared
                 .registry
-                .acquire_segment(request.segment_id, request.offset, request.length);
+                .acquire_segment(request.segment_id, request.offset, request.length)
+        };
         if guard.is_ok() && !conn.served.load(Ordering::Relaxed) {
             conn.served.store(true, Ordering::Relaxed);
         }
@@ -783,5 +817,54 @@ fn serve_connection(conn: &Conn, shared: &Shared) -> bool {
         }
         conn.last_active_ns
             .store(shared.now_ns(), Ordering::Relaxed);
+    }
+}
+
+/// Serves a grant request: reads the capability that follows the header, checks it against the
+/// segment (any is accepted without a token) and answers OK, remembering the segment for this
+/// connection, or ILLEGAL_CLIENT. `Err` when the connection must close.
+fn grant(
+    conn: &Conn,
+    shared: &Shared,
+    request: &Header,
+    wait: impl FnMut(usize) -> Result<(), IoFail> + Copy,
+) -> Result<(), IoFail> {
+    let mut presented = [0u8; CAPABILITY_BYTES];
+    // SAFETY: `presented` is a local array of CAPABILITY_BYTES bytes (the decoder checked the
+    // header announces exactly that many).
+    unsafe {
+        recv_exact(
+            conn.stream.as_raw_fd(),
+            presented.as_mut_ptr(),
+            presented.len(),
+            wait,
+        )?
+    };
+    let status = match &shared.auth {
+        Some(auth) if !auth.verify(request.segment_id, &presented) => {
+            shared.stats.grants_refused.fetch_add(1, Ordering::Relaxed);
+            ErrorCode::ILLEGAL_CLIENT
+        }
+        Some(_) => {
+            let mut granted = conn.granted.lock();
+            if granted.contains(&request.segment_id) {
+                ErrorCode::OK
+            } else if granted.len() >= MAX_GRANTS_PER_CONNECTION {
+                ErrorCode::BUFFER_OVERFLOW
+            } else {
+                granted.push(request.segment_id);
+                conn.served.store(true, Ordering::Relaxed);
+                ErrorCode::OK
+            }
+        }
+        None => ErrorCode::OK,
+    };
+    let head = request.response(status).encode();
+    let mut wait = wait;
+    // SAFETY: no payload (null, 0).
+    unsafe {
+        send_all(conn.stream.as_raw_fd(), &head, std::ptr::null(), 0, || {
+            wait(0)
+        })
     }
 }
