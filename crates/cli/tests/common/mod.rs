@@ -180,12 +180,15 @@ pub struct StoreNode {
 }
 
 impl StoreNode {
-    /// Starts `mooncake store --master MASTER --segment-size SEGMENT EXTRA…` and waits (at most
+    /// Starts `mooncake store --master MASTER --segment-size SEGMENT EXTRA…` (no access token
+    /// from this process's environment: a token comes only from `extra`) and waits (at most
     /// 20 s) for its first line, which names its endpoint.
     pub fn start(master: &str, segment: &str, extra: &[&str]) -> StoreNode {
         let mut child = Command::new(BIN)
             .args(["store", "--master", master, "--segment-size", segment])
             .args(extra)
+            .env_remove("MC_AUTH_TOKEN")
+            .env_remove("MC_AUTH_TOKEN_FILE")
             .env("MOONCAKE_LOG", "error")
             .stdout(Stdio::piped())
             .stderr(Stdio::inherit())
