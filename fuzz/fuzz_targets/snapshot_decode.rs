@@ -9,7 +9,14 @@ use mooncake_snapshot::{decode, encode_state, EncodeOptions};
 fuzz_target!(|data: &[u8]| {
     if let Ok((meta, state)) = decode(data) {
         for zstd_level in [None, Some(1)] {
-            let bytes = encode_state(&state, &meta, &EncodeOptions { zstd_level });
+            let bytes = encode_state(
+                &state,
+                &meta,
+                &EncodeOptions {
+                    zstd_level,
+                    ..Default::default()
+                },
+            );
             let (meta2, state2) = decode(&bytes).expect("a re-encoded snapshot decodes");
             assert_eq!(meta2, meta);
             assert_eq!(state2, state);

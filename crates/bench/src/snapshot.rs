@@ -1,8 +1,15 @@
-//! `mooncake bench snapshot`: a master snapshot of N objects (16-byte keys, one memory replica),
-//! in process: take time, file size, bytes per object beyond the key, restore time (decode +
-//! `MasterService::restore` into a fresh master), and the p99 of a reader thread's
-//! GetReplicaList while the take runs, next to its p99 with no take.
+//! `mooncake bench snapshot`: a master snapshot of N objects (16-byte keys, one memory replica;
+//! the setup of `cargo bench -p mooncake-master --bench restore`), in process: take time, file
+//! size, bytes per object beyond the key, restore time (decode + `MasterService::restore` into a
+//! fresh master), and the p99 of a reader thread's GetReplicaList while the take runs, next to
+//! its p99 with no take.
+//!
+//! On a shared machine wall times move with the load, so every step also reports the CPU time
+//! it used (the reader thread's excluded), and two floors are measured in the same run: writing
+//! and fsyncing as many bytes as the snapshot file, and a plain walk over the master's objects
+//! (every shard read-locked in turn, each object's view built and dropped).
 
+use std::io::Write;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 use std::thread;
@@ -10,14 +17,11 @@ use std::time::{Duration, Instant};
 
 use anyhow::{anyhow, Context};
 use mooncake_common::SystemClock;
-use mooncake_common::{ClientId, ObjectMeta, ReplicaType, ReplicateConfig, Segment, SegmentId};
-use mooncake_master::{MasterService, RestoreOptions};
-use mooncake_snapshot::{decode, EncodeOptions, SnapshotDir};
-
-const VALUE_SIZE: u64 = 4096;
-const SEGMENTS: u64 = 16;
-const KEY_BYTES: usize = 16;
-const CLIENT: ClientId = ClientId::new(7, 7);
+use mooncake_master::bench_support::{filled_master, key, mix, KEY_BYTES, SEGMENTS};
+use mooncake_master::{MasterService, RestoreOptions, SHARD_COUNT};
+use mooncake_snapshot::{
+    decode, join_on_threads, EncodeOptions, SnapshotDir, COMPRESS_THREADS, DECODE_THREADS,
+};
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -32,56 +36,48 @@ pub struct Args {
     dir: Option<std::path::PathBuf>,
 }
 
-fn segment(i: u64, bytes: u64) -> Segment {
-    Segment {
-        id: SegmentId::new(i + 1, 0),
-        name: format!("seg-{i}"),
-        base: (i + 1) << 40,
-        size: bytes,
-        te_endpoint: format!("127.0.0.1:{}", 20_000 + i),
-        protocol: "tcp".into(),
-        host_id: String::new(),
-    }
+/// CPU time (user + system) of this process, or of the calling thread.
+fn cpu_seconds(clock: libc::clockid_t) -> f64 {
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
+    // SAFETY: clock_gettime writes only into the timespec it is given.
+    unsafe { libc::clock_gettime(clock, &mut ts) };
+    ts.tv_sec as f64 + ts.tv_nsec as f64 / 1e9
 }
 
-fn key(i: usize) -> String {
-    format!("key-{i:012}")
+fn process_cpu() -> f64 {
+    cpu_seconds(libc::CLOCK_PROCESS_CPUTIME_ID)
 }
 
-/// A 64-bit mix, for realistic (incompressible) checksums.
-fn mix(mut x: u64) -> u64 {
-    x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-    x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-    x ^ (x >> 31)
+fn thread_cpu() -> f64 {
+    cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
-fn build(objects: usize) -> anyhow::Result<MasterService> {
-    let seg_bytes = (objects as u64 / SEGMENTS + 1) * VALUE_SIZE * 2;
-    let master = MasterService::new(Default::default(), Arc::new(SystemClock::new()))?;
-    for i in 0..SEGMENTS {
-        master
-            .mount_segment(&segment(i, seg_bytes), CLIENT)
-            .map_err(|e| anyhow!("mount: {e}"))?;
-    }
-    let config = ReplicateConfig::default();
-    for i in 0..objects {
-        let key = key(i);
-        master
-            .put_start(CLIENT, &key, VALUE_SIZE, &config, "")
-            .map_err(|e| anyhow!("put start: {e}"))?;
-        let meta = ObjectMeta {
-            key,
-            object_checksum: Some(mix(i as u64)),
-        };
-        master
-            .put_end(CLIENT, &meta, ReplicaType::ALL, "")
-            .map_err(|e| anyhow!("put end: {e}"))?;
-    }
-    Ok(master)
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .ok()
+        .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))
+        .unwrap_or_else(|| "unknown".into())
 }
 
-/// Reads random keys until `stop`; returns the latencies (ns).
-fn reader(master: &MasterService, objects: usize, stop: &AtomicBool) -> Vec<u64> {
+/// Wall and CPU seconds of `f`.
+fn timed<T>(f: impl FnOnce() -> T) -> (T, f64, f64) {
+    let (wall, cpu) = (Instant::now(), process_cpu());
+    let out = f();
+    (out, wall.elapsed().as_secs_f64(), process_cpu() - cpu)
+}
+
+/// What the reader thread saw: latencies (ns) and its own CPU time.
+struct Reads {
+    lat: Vec<u64>,
+    cpu: f64,
+}
+
+/// Reads random keys until `stop`.
+fn reader(master: &MasterService, objects: usize, stop: &AtomicBool) -> Reads {
+    let cpu = thread_cpu();
     let mut lat = Vec::new();
     let mut x = 0x1234_5678u64;
     while !stop.load(Ordering::Relaxed) {
@@ -94,7 +90,10 @@ fn reader(master: &MasterService, objects: usize, stop: &AtomicBool) -> Vec<u64>
             break;
         }
     }
-    lat
+    Reads {
+        lat,
+        cpu: thread_cpu() - cpu,
+    }
 }
 
 fn p99_us(mut lat: Vec<u64>) -> (f64, usize) {
@@ -106,27 +105,52 @@ fn p99_us(mut lat: Vec<u64>) -> (f64, usize) {
     (lat[i] as f64 / 1000.0, lat.len())
 }
 
-/// Runs the reader for `busy`'s duration (and `busy` on this thread); returns its p99.
+/// Runs `busy` on this thread while the reader runs; returns its result, its wall and CPU
+/// seconds (the reader's CPU excluded), and the reader's p99.
 fn with_reader<T>(
     master: &MasterService,
     objects: usize,
     busy: impl FnOnce() -> T,
-) -> (T, (f64, usize)) {
+) -> (T, f64, f64, (f64, usize)) {
     let stop = AtomicBool::new(false);
     thread::scope(|s| {
         let h = s.spawn(|| reader(master, objects, &stop));
         thread::sleep(Duration::from_millis(20));
-        let out = busy();
+        let (out, wall, cpu) = timed(busy);
         stop.store(true, Ordering::Relaxed);
-        let lat = h.join().unwrap_or_default();
-        (out, p99_us(lat))
+        let reads = h.join().unwrap_or(Reads {
+            lat: Vec::new(),
+            cpu: 0.0,
+        });
+        // The reader ran longer than `busy` (its start and stop); at most its whole CPU time.
+        (out, wall, (cpu - reads.cpu).max(0.0), p99_us(reads.lat))
     })
+}
+
+/// The floor of a take's file work: `bytes` bytes written in 1 MiB pieces, then fsync.
+fn write_floor(dir: &std::path::Path, bytes: u64) -> anyhow::Result<(f64, f64)> {
+    let path = dir.join("floor.bin");
+    let piece: Vec<u8> = (0..1u64 << 20).map(|i| mix(i) as u8).collect();
+    let (written, wall, cpu) = timed(|| -> std::io::Result<()> {
+        let mut f = std::fs::File::create(&path)?;
+        let mut left = bytes;
+        while left > 0 {
+            let n = left.min(piece.len() as u64) as usize;
+            f.write_all(&piece[..n])?;
+            left -= n as u64;
+        }
+        f.sync_all()
+    });
+    let _ = std::fs::remove_file(&path);
+    written.context("write floor")?;
+    Ok((wall, cpu))
 }
 
 pub fn run(args: Args) -> anyhow::Result<()> {
     let objects = args.objects.max(1);
+    let load_before = load_average();
     let started = Instant::now();
-    let master = build(objects)?;
+    let (master, _) = filled_master(objects).map_err(|e| anyhow!("{e}"))?;
     println!(
         "built {objects} objects ({KEY_BYTES}-byte keys, 1 memory replica, {SEGMENTS} segments) in {:.1} s",
         started.elapsed().as_secs_f64()
@@ -138,26 +162,44 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let dir = SnapshotDir::open(&path, 2).context("snapshot dir")?;
     let opts = EncodeOptions {
         zstd_level: (args.zstd_level > 0).then_some(args.zstd_level),
+        ..EncodeOptions::default()
     };
     // The reader alone, for as long as a take roughly lasts.
-    let ((), idle) = with_reader(&master, objects, || {
+    let ((), _, _, idle) = with_reader(&master, objects, || {
         thread::sleep(Duration::from_millis(1000))
     });
-    let (report, during) = with_reader(&master, objects, || dir.take(&master, 0, &opts));
+    let (report, take_wall, take_cpu, during) =
+        with_reader(&master, objects, || dir.take(&master, 0, &opts));
     let report = report.context("take")?;
+
+    // Floors, same run: the file work alone, and a walk over every object.
+    let (write_wall, write_cpu) = write_floor(&path, report.bytes)?;
+    let (walked, walk_wall, walk_cpu) = timed(|| {
+        (0..SHARD_COUNT)
+            .map(|i| {
+                master.visit_shard(i, |o| {
+                    std::hint::black_box(o);
+                })
+            })
+            .sum::<usize>()
+    });
+    drop(master);
+
     let bytes = std::fs::read(&report.path).context("read snapshot")?;
-    let t = Instant::now();
-    let (_, state) = decode(&bytes).context("decode")?;
-    let decode_s = t.elapsed().as_secs_f64();
+    let (decoded, decode_wall, decode_cpu) = timed(|| decode(&bytes));
+    let (_, state) = decoded.context("decode")?;
     let fresh = MasterService::new(Default::default(), Arc::new(SystemClock::new()))?;
-    let t = Instant::now();
-    let restored = fresh
-        .restore(state, RestoreOptions::default())
-        .map_err(|e| anyhow!("restore: {e}"))?;
-    let restore_s = t.elapsed().as_secs_f64();
-    if restored.objects != objects {
+    let (restored, restore_wall, restore_cpu) = timed(|| {
+        let opts = RestoreOptions {
+            join: Some(join_on_threads),
+            ..RestoreOptions::default()
+        };
+        fresh.restore(state, opts)
+    });
+    let restored = restored.map_err(|e| anyhow!("restore: {e}"))?;
+    if restored.objects != objects || walked != objects {
         return Err(anyhow!(
-            "restored {} objects of {objects}",
+            "restored {} and walked {walked} objects of {objects}",
             restored.objects
         ));
     }
@@ -168,23 +210,48 @@ pub fn run(args: Args) -> anyhow::Result<()> {
     let level = opts
         .zstd_level
         .map_or("none".to_string(), |l| format!("zstd {l}"));
+    let row = |what: &str, wall: f64, cpu: f64| {
+        println!("| {what} | {wall:.3} s | {cpu:.3} s |");
+    };
+    println!(
+        "objects {objects}, {level}, compression threads {COMPRESS_THREADS}, decode threads \
+         {DECODE_THREADS}, restore in two halves"
+    );
+    println!(
+        "load average before {load_before}, after {}; {} CPUs",
+        load_average(),
+        thread::available_parallelism().map_or(0, |n| n.get())
+    );
+    println!();
+    println!("| step | wall | CPU |");
+    println!("| --- | --- | --- |");
+    row(
+        "snapshot take (write + fsync + rename)",
+        take_wall,
+        take_cpu,
+    );
+    row("floor: write + fsync as many bytes", write_wall, write_cpu);
+    row("floor: walk every object (views)", walk_wall, walk_cpu);
+    row("restore: decode", decode_wall, decode_cpu);
+    row("restore: MasterService::restore", restore_wall, restore_cpu);
+    row(
+        "restore total",
+        decode_wall + restore_wall,
+        decode_cpu + restore_cpu,
+    );
+    println!();
     println!("| measure | value |");
     println!("| --- | --- |");
-    println!("| objects | {objects} |");
-    println!("| compression | {level} |");
-    println!(
-        "| snapshot take (write + fsync + rename) | {:.3} s |",
-        report.duration.as_secs_f64()
-    );
     println!("| file bytes | {} |", report.bytes);
     println!("| bytes/object (all) | {per_object:.1} |");
     println!(
         "| bytes/object beyond the {KEY_BYTES}-byte key | {:.1} |",
         per_object - KEY_BYTES as f64
     );
-    println!("| restore: decode | {decode_s:.3} s |");
-    println!("| restore: MasterService::restore | {restore_s:.3} s |");
-    println!("| restore total | {:.3} s |", decode_s + restore_s);
+    println!(
+        "| take / floors (write + walk), wall | {:.2} |",
+        take_wall / (write_wall + walk_wall).max(1e-9)
+    );
     println!(
         "| reader GetReplicaList p99, no take | {:.1} us ({} reads) |",
         idle.0, idle.1

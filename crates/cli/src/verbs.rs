@@ -76,10 +76,22 @@ pub struct StatArgs {
 pub struct SnapshotArgs {
     #[command(flatten)]
     pub target: Target,
+    /// How long to wait for the snapshot to be written (its own deadline: a take of a large
+    /// master can outlast the usual RPC timeout).
+    #[arg(long, default_value_t = 600)]
+    pub timeout_seconds: u64,
 }
 
 fn connect(target: &Target) -> anyhow::Result<BlockingStoreClient> {
-    let config = StoreConfig {
+    connect_with(target, StoreConfig::default().rpc.call_timeout)
+}
+
+/// [`connect`] with `call_timeout` as every master call's deadline.
+fn connect_with(
+    target: &Target,
+    call_timeout: std::time::Duration,
+) -> anyhow::Result<BlockingStoreClient> {
+    let mut config = StoreConfig {
         master_addr: target.master.clone(),
         global_segment_size: 0,
         tenant: target.tenant.clone(),
@@ -88,6 +100,7 @@ fn connect(target: &Target) -> anyhow::Result<BlockingStoreClient> {
         heartbeat_interval: std::time::Duration::from_secs(3600),
         ..StoreConfig::default()
     };
+    config.rpc.call_timeout = call_timeout;
     BlockingStoreClient::connect(config, 1)
         .with_context(|| format!("connecting to master {}", target.master))
 }
@@ -244,9 +257,11 @@ pub fn stat(args: StatArgs) -> anyhow::Result<()> {
 }
 
 /// `mooncake snapshot`: the master writes a snapshot now; prints the file, its size, the object
-/// count and how long it took.
+/// count and how long it took. The call waits for the take with its own deadline
+/// (`--timeout-seconds`), not the 10 s of other calls.
 pub fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
-    let client = connect(&args.target)?;
+    let timeout = std::time::Duration::from_secs(args.timeout_seconds.max(1));
+    let client = connect_with(&args.target, timeout)?;
     let master = client.client().master();
     let taken = client.block_on(async { master.call(&m::TakeSnapshot {}).await });
     let _ = client.close();
@@ -254,6 +269,11 @@ pub fn snapshot(args: SnapshotArgs) -> anyhow::Result<()> {
         mooncake_common::ErrorCode::NOT_SUPPORTED => anyhow::anyhow!(
             "snapshot: NOT_SUPPORTED (the master has no snapshot directory: start it with \
              --snapshot_dir=DIR)"
+        ),
+        mooncake_common::ErrorCode::RPC_TIMEOUT => anyhow::anyhow!(
+            "snapshot: no answer within {} s (--timeout-seconds); the take may still complete: \
+             the master's log says when",
+            timeout.as_secs()
         ),
         code => anyhow::anyhow!("snapshot: {code} ({e}); the master's log says why"),
     })?;

@@ -8,19 +8,18 @@
 
 mod common;
 
-use common::{http, http_with_headers, MasterProcess};
+use common::{http, http_with_headers, MasterProcess, StoreNode, BIN};
 use mooncake_client::{StoreClient, StoreConfig};
 use mooncake_common::{AuthToken, ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_transfer::wire::{Header, Kind, HEADER_BYTES};
 use mooncake_transfer::Endpoint;
-use std::io::{BufRead, BufReader, Read, Write};
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
-const BIN: &str = env!("CARGO_BIN_EXE_mooncake");
 const SECRET: &str = "5f0c8a6e1d2b4c3a9e8f7d6c5b4a3928";
 
 /// A directory with the token file (and scratch files); removed on drop.
@@ -49,54 +48,6 @@ impl Scratch {
 impl Drop for Scratch {
     fn drop(&mut self) {
         let _ = std::fs::remove_dir_all(&self.0);
-    }
-}
-
-/// A `mooncake store` child; killed on drop.
-struct StoreNode {
-    child: Child,
-    endpoint: String,
-}
-
-impl StoreNode {
-    fn start(master: SocketAddr, token_file: &str) -> StoreNode {
-        let mut child = Command::new(BIN)
-            .args(["store", "--master", &master.to_string()])
-            .args(["--segment-size", "64MiB", "--auth_token_file", token_file])
-            .env_remove("MC_AUTH_TOKEN")
-            .env_remove("MC_AUTH_TOKEN_FILE")
-            .env("MOONCAKE_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start mooncake store");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = tx.send(line);
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("store node did not start in 20 s");
-        let endpoint = line
-            .split_whitespace()
-            .skip_while(|w| *w != "endpoint")
-            .nth(1)
-            .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
-            .to_string();
-        StoreNode { child, endpoint }
-    }
-}
-
-impl Drop for StoreNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -165,7 +116,11 @@ fn admin_http_needs_the_bearer_token_except_for_monitoring() {
     let scratch = Scratch::new("http");
     let token_flag = format!("--auth_token_file={}", scratch.token_file());
     let master = MasterProcess::start(&[&token_flag, "--enable_http_metadata_server=true"]);
-    let _node = StoreNode::start(master.rpc, &scratch.token_file());
+    let _node = StoreNode::start(
+        &master.rpc.to_string(),
+        "64MiB",
+        &["--auth_token_file", &scratch.token_file()],
+    );
     let rt = runtime();
     let member = rt.block_on(client(master.rpc, Some(token()))).unwrap();
     for i in 0..3 {
@@ -244,7 +199,11 @@ fn a_cluster_with_a_token_serves_members_and_refuses_strangers() {
     let scratch = Scratch::new("cluster");
     let token_flag = format!("--auth_token_file={}", scratch.token_file());
     let master = MasterProcess::start(&[&token_flag]);
-    let node = StoreNode::start(master.rpc, &scratch.token_file());
+    let node = StoreNode::start(
+        &master.rpc.to_string(),
+        "64MiB",
+        &["--auth_token_file", &scratch.token_file()],
+    );
     let master_addr = master.rpc.to_string();
     let value: Vec<u8> = (0..300_000u32).map(|i| (i * 7 % 251) as u8).collect();
     let file = scratch.file("value", &value);

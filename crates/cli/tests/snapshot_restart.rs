@@ -6,19 +6,18 @@
 
 mod common;
 
-use common::http;
+use common::{http, signal, wait_exit, MasterOptions, MasterProcess, StoreNode, BIN};
+
+/// The server's test-only pause after each snapshot chunk (milliseconds).
+const TEST_CHUNK_DELAY_ENV: &str = "MC_SNAPSHOT_TEST_CHUNK_DELAY_MS";
 use mooncake_client::{StoreClient, StoreConfig};
 use mooncake_common::{ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::TransportMode;
-use std::io::{BufRead, BufReader, Read};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, ExitStatus, Stdio};
-use std::sync::mpsc;
+use std::process::{Command, ExitStatus};
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_mooncake");
 
 fn free_port() -> u16 {
     std::net::TcpListener::bind("127.0.0.1:0")
@@ -31,94 +30,53 @@ fn free_port() -> u16 {
 /// A `mooncake master` on a fixed RPC port (a restarted master must be found where the nodes
 /// look for it), its stderr in a file; killed on drop.
 struct Master {
-    child: Child,
-    rpc: SocketAddr,
-    metrics: SocketAddr,
+    process: MasterProcess,
     log: PathBuf,
 }
 
-/// Spawns a master; `None` when it exited before its "listening" line (its status).
-fn spawn_master(port: u16, dir: &Path, log: &Path, extra: &[&str]) -> Result<Master, ExitStatus> {
-    let stderr = std::fs::File::create(log).unwrap();
-    let mut child = Command::new(BIN)
-        .arg("master")
-        .args([
-            "--rpc_address=127.0.0.1".to_string(),
-            format!("--port={port}"),
-            "--metrics_host=127.0.0.1".into(),
-            "--metrics_port=0".into(),
-            format!("--snapshot_dir={}", dir.display()),
-        ])
-        .args(extra)
-        .env("MOONCAKE_LOG", "info")
-        .stdout(Stdio::piped())
-        .stderr(stderr)
-        .spawn()
-        .expect("start mooncake master");
-    let stdout = child.stdout.take().unwrap();
-    let (tx, rx) = mpsc::channel();
-    std::thread::spawn(move || {
-        let mut reader = BufReader::new(stdout);
-        let mut line = String::new();
-        let _ = reader.read_line(&mut line);
-        let _ = tx.send(line);
-        let mut sink = Vec::new();
-        let _ = reader.read_to_end(&mut sink);
-    });
-    let deadline = Instant::now() + Duration::from_secs(30);
-    loop {
-        if let Ok(line) = rx.recv_timeout(Duration::from_millis(50)) {
-            if line.is_empty() {
-                return Err(wait_exit(&mut child, Duration::from_secs(10)).unwrap());
-            }
-            let words: Vec<&str> = line.split_whitespace().collect();
-            let find = |tag: &str| {
-                let i = words.iter().position(|w| *w == tag).unwrap();
-                words[i + 1]
-                    .trim_start_matches("http://")
-                    .parse::<SocketAddr>()
-                    .unwrap()
-            };
-            return Ok(Master {
-                rpc: find("rpc"),
-                metrics: find("metrics"),
-                child,
-                log: log.to_path_buf(),
-            });
-        }
-        if let Some(status) = child.try_wait().unwrap() {
-            return Err(status);
-        }
-        assert!(Instant::now() < deadline, "master did not start in 30 s");
-    }
-}
-
-fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
-    let deadline = Instant::now() + limit;
-    while Instant::now() < deadline {
-        if let Some(status) = child.try_wait().unwrap() {
-            return Some(status);
-        }
-        std::thread::sleep(Duration::from_millis(20));
-    }
-    None
-}
-
-fn signal(child: &Child, signal: i32) {
-    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-    unsafe {
-        libc::kill(child.id() as i32, signal);
-    }
+/// Spawns a master logging at `info` into `log`; `Err` when it exited before its "listening"
+/// line (its status).
+fn spawn_master(
+    port: u16,
+    dir: &Path,
+    log: &Path,
+    extra: &[&str],
+    env: &[(&str, &str)],
+) -> Result<Master, ExitStatus> {
+    let dir_flag = format!("--snapshot_dir={}", dir.display());
+    let mut flags = vec![dir_flag.as_str()];
+    flags.extend_from_slice(extra);
+    let process = MasterProcess::spawn(MasterOptions {
+        port,
+        extra: &flags,
+        stderr: std::fs::File::create(log).unwrap().into(),
+        log: "info",
+        env,
+    })?;
+    Ok(Master {
+        process,
+        log: log.to_path_buf(),
+    })
 }
 
 impl Master {
     fn start(port: u16, dir: &Path, log: &Path, extra: &[&str]) -> Master {
+        Master::start_with_env(port, dir, log, extra, &[])
+    }
+
+    fn start_with_env(
+        port: u16,
+        dir: &Path,
+        log: &Path,
+        extra: &[&str],
+        env: &[(&str, &str)],
+    ) -> Master {
         // The previous master's port may take a moment to be free again.
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
-            match spawn_master(port, dir, log, extra) {
+            match spawn_master(port, dir, log, extra, env) {
                 Ok(master) => {
-                    assert_eq!(master.rpc.port(), port);
+                    assert_eq!(master.process.rpc.port(), port);
                     return master;
                 }
                 Err(status) if Instant::now() < deadline => {
@@ -131,12 +89,16 @@ impl Master {
         }
     }
 
+    fn metrics(&self) -> SocketAddr {
+        self.process.metrics
+    }
+
     fn log_text(&self) -> String {
         std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 
     fn metric(&self, name: &str) -> f64 {
-        let (status, body) = http("GET", self.metrics, "/metrics", b"");
+        let (status, body) = http("GET", self.metrics(), "/metrics", b"");
         assert_eq!(status, 200);
         body.lines()
             .find_map(|l| l.strip_prefix(name).and_then(|r| r.strip_prefix(' ')))
@@ -146,81 +108,28 @@ impl Master {
             .unwrap()
     }
 
-    fn terminate(mut self) -> (ExitStatus, String) {
-        signal(&self.child, libc::SIGTERM);
-        let status = wait_exit(&mut self.child, Duration::from_secs(30)).expect("SIGTERM exit");
-        (status, self.log_text())
+    fn terminate(self) -> (ExitStatus, String) {
+        let log = self.log.clone();
+        let status = self
+            .process
+            .terminate(Duration::from_secs(30))
+            .expect("SIGTERM exit");
+        (status, std::fs::read_to_string(log).unwrap_or_default())
     }
 
     fn kill(mut self) {
-        signal(&self.child, libc::SIGKILL);
-        wait_exit(&mut self.child, Duration::from_secs(10)).expect("SIGKILL exit");
+        signal(&self.process.child, libc::SIGKILL);
+        wait_exit(&mut self.process.child, Duration::from_secs(10)).expect("SIGKILL exit");
     }
 }
 
-impl Drop for Master {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// A `mooncake store` node; killed on drop.
-struct StoreNode {
-    child: Child,
-    endpoint: String,
-}
-
-impl StoreNode {
-    fn start(port: u16, segment: &str) -> StoreNode {
-        let mut child = Command::new(BIN)
-            .args([
-                "store",
-                "--master",
-                &format!("127.0.0.1:{port}"),
-                "--segment-size",
-                segment,
-                "--transport",
-                "tcp",
-            ])
-            .env("MOONCAKE_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start mooncake store");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = tx.send(line);
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("store node did not start in 20 s");
-        let endpoint = line
-            .split_whitespace()
-            .skip_while(|w| *w != "endpoint")
-            .nth(1)
-            .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
-            .to_string();
-        StoreNode { child, endpoint }
-    }
-
-    fn kill(mut self) {
-        signal(&self.child, libc::SIGKILL);
-        wait_exit(&mut self.child, Duration::from_secs(10)).expect("node exit");
-    }
-}
-
-impl Drop for StoreNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
+/// A store node of the master on `port`, over TCP.
+fn store_node(port: u16, segment: &str) -> StoreNode {
+    StoreNode::start(
+        &format!("127.0.0.1:{port}"),
+        segment,
+        &["--transport", "tcp"],
+    )
 }
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -232,11 +141,17 @@ fn runtime() -> tokio::runtime::Runtime {
 }
 
 async fn client(port: u16) -> StoreClient {
+    client_with(port, true).await
+}
+
+/// A client; with `checksums` off its puts record no checksum at the master.
+async fn client_with(port: u16, checksums: bool) -> StoreClient {
     StoreClient::connect(StoreConfig {
         master_addr: format!("127.0.0.1:{port}"),
         local_hostname: "127.0.0.1".into(),
         global_segment_size: 0,
         transport: TransportMode::Tcp,
+        verify_checksums: checksums,
         ..StoreConfig::default()
     })
     .await
@@ -344,18 +259,33 @@ fn snapshot_files(dir: &Path) -> Vec<PathBuf> {
 
 /// `mooncake snapshot --master ADDR`: its stdout.
 fn snapshot_verb(port: u16) -> String {
+    let (ok, out, err) = snapshot_verb_with(port, &[]);
+    assert!(ok, "{out}{err}");
+    out
+}
+
+/// `mooncake snapshot --master ADDR EXTRA…`: success, stdout, stderr.
+fn snapshot_verb_with(port: u16, extra: &[&str]) -> (bool, String, String) {
     let out = Command::new(BIN)
         .args(["snapshot", "--master", &format!("127.0.0.1:{port}")])
+        .args(extra)
         .env("MOONCAKE_LOG", "error")
         .output()
         .unwrap();
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
+    (
         out.status.success(),
-        "{text}{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
+        String::from_utf8_lossy(&out.stdout).to_string(),
+        String::from_utf8_lossy(&out.stderr).to_string(),
+    )
+}
+
+/// The clean-shutdown marks in `dir`.
+fn final_marks(dir: &Path) -> usize {
+    mooncake_snapshot::SnapshotDir::open(dir, 2)
+        .unwrap()
+        .final_marks()
+        .unwrap()
+        .len()
 }
 
 #[test]
@@ -366,8 +296,8 @@ fn sigterm_takes_a_final_snapshot_and_a_restart_serves_every_object_byte_exact()
     let port = free_port();
     let flags = ["--enable_snapshot", "--snapshot_interval_seconds=3600"];
     let master = Master::start(port, &dir, &log, &flags);
-    let _a = StoreNode::start(port, "64MiB");
-    let _b = StoreNode::start(port, "64MiB");
+    let _a = store_node(port, "64MiB");
+    let _b = store_node(port, "64MiB");
     let rt = runtime();
     let c = rt.block_on(client(port));
     let objects = rt.block_on(put_objects(&c, "term", 48));
@@ -411,7 +341,7 @@ fn sigkill_after_a_snapshot_keeps_its_objects_and_never_serves_reused_space() {
     let dir = tmp.path().join("snapshots");
     let port = free_port();
     let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &[]);
-    let _node = StoreNode::start(port, "64MiB");
+    let _node = store_node(port, "64MiB");
     let rt = runtime();
     let c = rt.block_on(client(port));
     let before = rt.block_on(put_objects(&c, "before", 24));
@@ -474,8 +404,8 @@ fn a_node_that_dies_while_the_master_is_down_loses_its_replicas_after_client_ttl
         "--client_ttl=2",
     ];
     let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &flags);
-    let a = StoreNode::start(port, "64MiB");
-    let b = StoreNode::start(port, "64MiB");
+    let a = store_node(port, "64MiB");
+    let b = store_node(port, "64MiB");
     let rt = runtime();
     let c = rt.block_on(client(port));
     let objects = rt.block_on(put_objects(&c, "ttl", 24));
@@ -516,13 +446,13 @@ fn a_corrupt_or_truncated_newest_snapshot_falls_back_and_both_bad_start_empty_or
     let dir = tmp.path().join("snapshots");
     let port = free_port();
     let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &[]);
-    let _node = StoreNode::start(port, "64MiB");
+    let _node = store_node(port, "64MiB");
     let rt = runtime();
     let c = rt.block_on(client(port));
     let first = rt.block_on(put_objects(&c, "old", 6));
     snapshot_verb(port);
     let _second = rt.block_on(put_objects(&c, "new", 6));
-    let (status, body) = http("POST", master.metrics, "/api/v1/snapshot", b"");
+    let (status, body) = http("POST", master.metrics(), "/api/v1/snapshot", b"");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"objects\":12"), "{body}");
     master.kill();
@@ -582,6 +512,7 @@ fn a_corrupt_or_truncated_newest_snapshot_falls_back_and_both_bad_start_empty_or
         &dir,
         &log,
         &["--enable_snapshot_restore", "--snapshot_required"],
+        &[],
     );
     let status = refused.err().expect("--snapshot_required started empty");
     assert!(!status.success());
@@ -589,25 +520,17 @@ fn a_corrupt_or_truncated_newest_snapshot_falls_back_and_both_bad_start_empty_or
     assert!(text.contains("--snapshot_required"), "{text}");
 }
 
-/// Puts `n` small objects in batches of 500.
-async fn put_many(c: &StoreClient, prefix: &str, n: usize) {
-    let keys: Vec<String> = (0..n).map(|i| format!("{prefix}-{i:06}")).collect();
-    let value = [7u8; 64];
-    for chunk in keys.chunks(500) {
-        let items: Vec<(&str, &[u8])> = chunk.iter().map(|k| (k.as_str(), &value[..])).collect();
-        for result in c.put_batch(&items, &ReplicateConfig::default()).await {
-            result.unwrap();
-        }
-    }
-}
-
 #[test]
 fn sigkill_during_a_snapshot_leaves_the_previous_one_intact_and_used() {
     let tmp = tempfile::tempdir().unwrap();
     let dir = tmp.path().join("snapshots");
     let port = free_port();
-    let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &[]);
-    let _node = StoreNode::start(port, "256MiB");
+    // Every take pauses 1.5 s after each chunk it writes (segments, policy, objects, …): a take
+    // lasts several seconds, so the test sees it in progress without racing it.
+    let delay = [(TEST_CHUNK_DELAY_ENV, "1500")];
+    let log = tmp.path().join("m1.log");
+    let master = Master::start_with_env(port, &dir, &log, &[], &delay);
+    let _node = store_node(port, "64MiB");
     let rt = runtime();
     let c = rt.block_on(client(port));
     let kept = rt.block_on(put_objects(&c, "kept", 6));
@@ -615,53 +538,226 @@ fn sigkill_during_a_snapshot_leaves_the_previous_one_intact_and_used() {
     let previous = snapshot_files(&dir);
     assert_eq!(previous.len(), 1);
     let previous_bytes = std::fs::read(&previous[0]).unwrap();
-    // Enough objects that writing the next snapshot takes a while.
-    rt.block_on(put_many(&c, "bulk", 20_000));
+    let _later = rt.block_on(put_objects(&c, "later", 6));
 
-    // Start takes until one is caught in the act (its temp file exists), then SIGKILL.
-    let metrics = master.metrics;
-    let deadline = Instant::now() + Duration::from_secs(40);
-    let mut caught = None;
-    while caught.is_none() && Instant::now() < deadline {
-        let take = std::thread::spawn(move || http("POST", metrics, "/api/v1/snapshot", b""));
-        while !take.is_finished() {
-            let temp = std::fs::read_dir(&dir)
-                .unwrap()
-                .filter_map(|e| e.ok().map(|e| e.path()))
-                .find(|p| p.to_string_lossy().ends_with(".mcs.tmp"));
-            if let Some(temp) = temp {
-                signal(&master.child, libc::SIGKILL);
-                caught = Some(temp);
-                break;
-            }
+    // Start a take; once its temp file exists (it is then pausing between chunks), SIGKILL.
+    let metrics = master.metrics();
+    let take = std::thread::spawn(move || {
+        let _ = std::panic::catch_unwind(|| http("POST", metrics, "/api/v1/snapshot", b""));
+    });
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let temp = loop {
+        let temp = std::fs::read_dir(&dir)
+            .unwrap()
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .find(|p| p.to_string_lossy().ends_with(".mcs.tmp"));
+        if let Some(temp) = temp {
+            break temp;
         }
-        // A take that completed uncaught is the previous snapshot of the next attempt.
-        let _ = take.join();
-    }
-    let temp = caught.expect("no take was caught writing its temp file in 40 s");
-    drop(master);
-    // The newest complete file is untouched by the killed take.
-    let newest_complete = snapshot_files(&dir)[0].clone();
-    if newest_complete == previous[0] {
-        assert_eq!(std::fs::read(&previous[0]).unwrap(), previous_bytes);
-    }
-    assert!(mooncake_snapshot_verifies(&newest_complete));
+        assert!(Instant::now() < deadline, "no take started in 30 s");
+        std::thread::sleep(Duration::from_millis(20));
+    };
+    master.kill();
+    let _ = take.join();
+    // The killed take never reached its final name; the previous file is untouched.
+    assert_eq!(snapshot_files(&dir), previous);
+    assert_eq!(std::fs::read(&previous[0]).unwrap(), previous_bytes);
+    assert!(mooncake_snapshot_verifies(&previous[0]));
+    assert!(temp.exists());
 
     let log = tmp.path().join("m2.log");
     let master = Master::start(port, &dir, &log, &["--enable_snapshot_restore"]);
     let text = master.log_text();
     assert!(
-        text.contains(&format!("restoring snapshot {}", newest_complete.display())),
+        text.contains(&format!("restoring snapshot {}", previous[0].display())),
         "{text}"
     );
     assert!(
         !temp.exists(),
         "the killed take's temp file was not removed"
     );
+    assert_eq!(master.metric("mooncake_rs_restore_objects"), 6.0);
     rt.block_on(wait_readable(&c, &kept));
     master.kill();
 }
 
 fn mooncake_snapshot_verifies(path: &Path) -> bool {
     mooncake_snapshot::decode(&std::fs::read(path).unwrap()).is_ok()
+}
+
+#[test]
+fn objects_without_a_checksum_survive_a_clean_restart_but_not_a_crash() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snapshots");
+    let port = free_port();
+    let flags = ["--enable_snapshot", "--snapshot_interval_seconds=3600"];
+    let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &flags);
+    let _a = store_node(port, "64MiB");
+    let _b = store_node(port, "64MiB");
+    let rt = runtime();
+    let c = rt.block_on(client(port));
+    let plain = rt.block_on(client_with(port, false));
+    let checked = rt.block_on(put_objects(&c, "checked", 12));
+    let unchecked = rt.block_on(put_objects(&plain, "unchecked", 12));
+    assert!(rt
+        .block_on(c.get_replica_desc(&unchecked[0].0))
+        .is_ok_and(|r| !r.is_empty()));
+
+    // SIGTERM: the final snapshot, marked as the state of a clean shutdown.
+    let (status, text) = master.terminate();
+    assert!(
+        status.success() && text.contains("final snapshot written"),
+        "{text}"
+    );
+    assert_eq!(final_marks(&dir), 1);
+
+    // The restart trusts it for what it cannot verify, and removes the mark before serving.
+    let mut restore = flags.to_vec();
+    restore.push("--enable_snapshot_restore");
+    let master = Master::start(port, &dir, &tmp.path().join("m2.log"), &restore);
+    assert!(
+        master
+            .log_text()
+            .contains("the final one of a clean shutdown"),
+        "{}",
+        master.log_text()
+    );
+    assert_eq!(final_marks(&dir), 0);
+    assert_eq!(master.metric("mooncake_rs_restore_clean_shutdown"), 1.0);
+    assert_eq!(master.metric("mooncake_rs_restore_objects"), 24.0);
+    rt.block_on(wait_readable(&c, &checked));
+    rt.block_on(wait_readable(&c, &unchecked));
+
+    // A crash of that master: the same snapshot, no longer final. Bytes without a checksum
+    // cannot be checked against what the nodes hold now, so those objects are dropped; the
+    // others come back.
+    master.kill();
+    let master = Master::start(port, &dir, &tmp.path().join("m3.log"), &restore);
+    assert_eq!(master.metric("mooncake_rs_restore_clean_shutdown"), 0.0);
+    assert_eq!(master.metric("mooncake_rs_restore_objects"), 12.0);
+    assert_eq!(master.metric("mooncake_rs_restore_dropped_objects"), 12.0);
+    rt.block_on(wait_readable(&c, &checked));
+    for (key, _) in &unchecked {
+        rt.block_on(wait_absent(&c, key, None));
+    }
+    master.kill();
+}
+
+#[test]
+fn an_on_demand_snapshot_that_outlasts_the_rpc_timeout_is_reported_when_written() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snapshots");
+    let port = free_port();
+    // Five chunks (segments, policy, objects, discarded, counters), 2.1 s after each: a take
+    // lasts over 10 s, the deadline of every other call.
+    let delay = [(TEST_CHUNK_DELAY_ENV, "2100")];
+    let log = tmp.path().join("m.log");
+    let master = Master::start_with_env(port, &dir, &log, &[], &delay);
+    let _node = store_node(port, "64MiB");
+    let rt = runtime();
+    let c = rt.block_on(client(port));
+    rt.block_on(put_objects(&c, "slow", 4));
+
+    // A deadline shorter than the take: a clear error, and the take still completes.
+    let (ok, out, err) = snapshot_verb_with(port, &["--timeout-seconds", "2"]);
+    assert!(!ok, "{out}");
+    assert!(err.contains("no answer within 2 s"), "{err}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while snapshot_files(&dir).is_empty() {
+        assert!(Instant::now() < deadline, "the take did not complete");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+
+    // The default: the call waits for the take with its own deadline and reports it.
+    let started = Instant::now();
+    let out = snapshot_verb(port);
+    assert!(started.elapsed() > Duration::from_secs(10));
+    assert!(
+        out.starts_with("snapshot ") && out.contains(" objects 4 "),
+        "{out}"
+    );
+    assert_eq!(snapshot_files(&dir).len(), 2);
+    master.kill();
+}
+
+/// Polls (at most 30 s) until `key` reads back as `original` or is OBJECT_NOT_FOUND; it must
+/// never read back other bytes meanwhile.
+async fn wait_original_or_absent(c: &StoreClient, key: &str, original: &[u8]) {
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        match c.get(key).await {
+            Ok(got) => {
+                assert!(got == original, "{key} came back with other bytes");
+                return;
+            }
+            Err(e) if e.code() == ErrorCode::OBJECT_NOT_FOUND => return,
+            Err(_) => {}
+        }
+        assert!(Instant::now() < deadline, "{key} neither readable nor gone");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+#[test]
+fn sigkill_after_a_periodic_snapshot_serves_exactly_what_it_holds() {
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().join("snapshots");
+    let port = free_port();
+    let flags = ["--enable_snapshot", "--snapshot_interval_seconds=3"];
+    let master = Master::start(port, &dir, &tmp.path().join("m1.log"), &flags);
+    let _a = store_node(port, "64MiB");
+    let _b = store_node(port, "64MiB");
+    let rt = runtime();
+    let c = rt.block_on(client(port));
+    let before = rt.block_on(put_objects(&c, "before", 24));
+    // Wait for a periodic snapshot of them, then change things and crash.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while master.metric("mooncake_rs_snapshots_taken_total") < 1.0 {
+        assert!(Instant::now() < deadline, "no periodic snapshot in 60 s");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let after = rt.block_on(put_objects(&c, "after", 6));
+    let (removed_key, removed_value) = before[5].clone();
+    rt.block_on(c.remove(&removed_key, true)).unwrap();
+    let reused = rt.block_on(put_objects(&c, "reuse", 6));
+    master.kill();
+
+    // What the newest snapshot holds is what must come back: periodic snapshots keep being
+    // taken, so the test reads it rather than guessing which one the crash left.
+    let newest = snapshot_files(&dir)[0].clone();
+    let (_, state) = mooncake_snapshot::decode(&std::fs::read(&newest).unwrap()).unwrap();
+    let held: std::collections::HashSet<String> =
+        state.objects.iter().map(|o| o.key.clone()).collect();
+    assert!(before
+        .iter()
+        .all(|(k, _)| *k == removed_key || held.contains(k)));
+    let master = Master::start(
+        port,
+        &dir,
+        &tmp.path().join("m2.log"),
+        &["--enable_snapshot_restore"],
+    );
+    assert!(master
+        .log_text()
+        .contains(&format!("restoring snapshot {}", newest.display())));
+    let (present, absent): (Vec<_>, Vec<_>) = before
+        .iter()
+        .chain(&after)
+        .chain(&reused)
+        .filter(|(k, _)| *k != removed_key)
+        .cloned()
+        .partition(|(k, _)| held.contains(k));
+    rt.block_on(wait_readable(&c, &present));
+    for (key, _) in &absent {
+        rt.block_on(wait_absent(&c, key, None));
+    }
+    // Removed after the snapshot: back with its own bytes if its range was not reused, else
+    // dropped by its node's check; never another object's bytes. (Absent if a later periodic
+    // snapshot saw the removal.)
+    if held.contains(&removed_key) {
+        rt.block_on(wait_original_or_absent(&c, &removed_key, &removed_value));
+    } else {
+        rt.block_on(wait_absent(&c, &removed_key, None));
+    }
+    master.kill();
 }

@@ -5,92 +5,16 @@
 
 mod common;
 
-use common::MasterProcess;
+use common::{MasterProcess, StoreNode, BIN};
 use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
 use mooncake_common::{ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::TransportMode;
-use std::io::{BufRead, BufReader, Read};
+use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
-
-const BIN: &str = env!("CARGO_BIN_EXE_mooncake");
-
-/// A `mooncake store` child; killed on drop.
-struct StoreNode {
-    child: Child,
-    endpoint: String,
-}
-
-impl StoreNode {
-    fn start(master: SocketAddr, segment: &str, extra: &[&str]) -> StoreNode {
-        let mut child = Command::new(BIN)
-            .args([
-                "store",
-                "--master",
-                &master.to_string(),
-                "--segment-size",
-                segment,
-            ])
-            .args(extra)
-            .env("MOONCAKE_LOG", "error")
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start mooncake store");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            loop {
-                let mut line = String::new();
-                match reader.read_line(&mut line) {
-                    Ok(0) | Err(_) => break,
-                    Ok(_) => {
-                        let _ = tx.send(line);
-                    }
-                }
-            }
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("store node did not start in 20 s");
-        let endpoint = line
-            .split_whitespace()
-            .skip_while(|w| *w != "endpoint")
-            .nth(1)
-            .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
-            .to_string();
-        StoreNode { child, endpoint }
-    }
-
-    fn signal(&self, signal: i32) {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.child.id() as i32, signal);
-        }
-    }
-
-    fn wait(&mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
-    }
-}
-
-impl Drop for StoreNode {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
 
 fn runtime() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
@@ -191,8 +115,8 @@ fn memory_endpoint(replica: &mooncake_common::ReplicaDescriptor) -> String {
 #[test]
 fn cluster_of_processes_moves_every_size_byte_exact() {
     let master = MasterProcess::start(&[]);
-    let node_a = StoreNode::start(master.rpc, "200MiB", &[]);
-    let node_b = StoreNode::start(master.rpc, "200MiB", &[]);
+    let node_a = StoreNode::start(&master.rpc.to_string(), "200MiB", &[]);
+    let node_b = StoreNode::start(&master.rpc.to_string(), "200MiB", &[]);
     let rt = runtime();
     rt.block_on(async {
         let c = client(master.rpc).await;
@@ -319,7 +243,7 @@ fn cluster_of_processes_moves_every_size_byte_exact() {
 #[test]
 fn bad_input_gets_a_clear_code_and_changes_nothing() {
     let master = MasterProcess::start(&[]);
-    let _node = StoreNode::start(master.rpc, "32MiB", &[]);
+    let _node = StoreNode::start(&master.rpc.to_string(), "32MiB", &[]);
     let rt = runtime();
     rt.block_on(async {
         let c = client(master.rpc).await;
@@ -406,8 +330,8 @@ fn bad_input_gets_a_clear_code_and_changes_nothing() {
 #[test]
 fn a_killed_node_leaves_replicated_objects_readable_and_nothing_hangs() {
     let master = MasterProcess::start(&[]);
-    let mut doomed = StoreNode::start(master.rpc, "64MiB", &[]);
-    let survivor = StoreNode::start(master.rpc, "64MiB", &[]);
+    let mut doomed = StoreNode::start(&master.rpc.to_string(), "64MiB", &[]);
+    let survivor = StoreNode::start(&master.rpc.to_string(), "64MiB", &[]);
     let rt = runtime();
     rt.block_on(async {
         let c = client(master.rpc).await;
@@ -507,8 +431,8 @@ fn a_killed_node_leaves_replicated_objects_readable_and_nothing_hangs() {
 #[test]
 fn objects_only_on_a_killed_node_are_gone_after_client_ttl() {
     let master = MasterProcess::start(&["--client_ttl=2"]);
-    let doomed = StoreNode::start(master.rpc, "32MiB", &[]);
-    let _survivor = StoreNode::start(master.rpc, "32MiB", &[]);
+    let doomed = StoreNode::start(&master.rpc.to_string(), "32MiB", &[]);
+    let _survivor = StoreNode::start(&master.rpc.to_string(), "32MiB", &[]);
     let rt = runtime();
     rt.block_on(async {
         let c = client(master.rpc).await;
@@ -552,7 +476,7 @@ fn objects_only_on_a_killed_node_are_gone_after_client_ttl() {
 #[test]
 fn sigterm_unmounts_the_node() {
     let master = MasterProcess::start(&[]);
-    let mut node = StoreNode::start(master.rpc, "16MiB", &[]);
+    let mut node = StoreNode::start(&master.rpc.to_string(), "16MiB", &[]);
     let rt = runtime();
     rt.block_on(async {
         let c = client(master.rpc).await;
@@ -583,7 +507,7 @@ fn sigterm_unmounts_the_node() {
 fn master_restart_makes_nodes_remount_and_clients_reconnect() {
     let master = MasterProcess::start(&["--client_ttl=2"]);
     let rpc = master.rpc;
-    let _node = StoreNode::start(rpc, "32MiB", &[]);
+    let _node = StoreNode::start(&rpc.to_string(), "32MiB", &[]);
     let rt = runtime();
     rt.block_on(async {
         let c = client(rpc).await;
@@ -625,12 +549,12 @@ fn a_node_restarted_under_the_same_address_mounts_again() {
         l.local_addr().unwrap().port()
     };
     let host = format!("127.0.0.1:{port}");
-    let mut first = StoreNode::start(master.rpc, "16MiB", &["--host", &host]);
+    let mut first = StoreNode::start(&master.rpc.to_string(), "16MiB", &["--host", &host]);
     first.signal(libc::SIGTERM);
     assert!(first
         .wait(Duration::from_secs(10))
         .is_some_and(|s| s.success()));
-    let second = StoreNode::start(master.rpc, "16MiB", &["--host", &host]);
+    let second = StoreNode::start(&master.rpc.to_string(), "16MiB", &["--host", &host]);
     assert!(
         second.endpoint.starts_with(&format!("tcp://{host}")),
         "{}",

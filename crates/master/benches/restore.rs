@@ -1,21 +1,17 @@
 //! Restore of a large state (`cargo bench -p mooncake-master --bench restore`).
 //!
-//! Builds `RESTORE_BENCH_OBJECTS` objects (default 1,000,000; 16-byte keys, one 4 KiB memory
-//! replica each, with a checksum) on 16 segments, exports the state, and times
-//! `MasterService::restore` into an empty master (median of `RESTORE_BENCH_ROUNDS`, default 3),
-//! then the verification of every replica (pages of 4096, all confirmed).
+//! Builds `RESTORE_BENCH_OBJECTS` objects (default 1,000,000) with
+//! [`mooncake_master::bench_support::filled_master`] (the setup of `mooncake bench snapshot`:
+//! 16-byte keys, one 4 KiB memory replica each, with a checksum, 16 segments), exports the state,
+//! and times `MasterService::restore` into an empty master (median of `RESTORE_BENCH_ROUNDS`,
+//! default 3), then the verification of every replica (pages of 4096, all confirmed).
 
 use std::sync::Arc;
 use std::time::Instant;
 
-use mooncake_common::{
-    ClientId, ObjectMeta, ReplicaId, ReplicaType, ReplicateConfig, Segment, SegmentId, SystemClock,
-};
+use mooncake_common::{ReplicaId, SystemClock};
+use mooncake_master::bench_support::{filled_master, CLIENT, SEGMENTS};
 use mooncake_master::{MasterService, RestoreOptions, MAX_UNVERIFIED_PAGE};
-
-const VALUE_SIZE: u64 = 4096;
-const SEGMENTS: u64 = 16;
-const CLIENT: ClientId = ClientId::new(7, 7);
 
 fn env_usize(name: &str, default: usize) -> usize {
     std::env::var(name)
@@ -24,43 +20,10 @@ fn env_usize(name: &str, default: usize) -> usize {
         .unwrap_or(default)
 }
 
-fn segment(i: u64, bytes: u64) -> Segment {
-    Segment {
-        id: SegmentId::new(i + 1, 0),
-        name: format!("seg-{i}"),
-        base: (i + 1) << 40,
-        size: bytes,
-        te_endpoint: format!("127.0.0.1:{}", 20_000 + i),
-        protocol: "tcp".into(),
-        host_id: String::new(),
-    }
-}
-
 fn main() {
     let objects = env_usize("RESTORE_BENCH_OBJECTS", 1_000_000);
     let rounds = env_usize("RESTORE_BENCH_ROUNDS", 3).max(1);
-    let seg_bytes = (objects as u64 / SEGMENTS + 1) * VALUE_SIZE * 2;
-    let source = MasterService::new(Default::default(), Arc::new(SystemClock::new()))
-        .expect("default config is valid");
-    for i in 0..SEGMENTS {
-        source
-            .mount_segment(&segment(i, seg_bytes), CLIENT)
-            .expect("mount");
-    }
-    let config = ReplicateConfig::default();
-    for i in 0..objects {
-        let key = format!("key-{i:012}");
-        source
-            .put_start(CLIENT, &key, VALUE_SIZE, &config, "")
-            .expect("put start");
-        let meta = ObjectMeta {
-            key,
-            object_checksum: Some(i as u64),
-        };
-        source
-            .put_end(CLIENT, &meta, ReplicaType::ALL, "")
-            .expect("put end");
-    }
+    let (source, segments) = filled_master(objects).expect("fill");
     let started = Instant::now();
     let state = source.export_state();
     let export_s = started.elapsed().as_secs_f64();
@@ -79,7 +42,6 @@ fn main() {
         times.push(started.elapsed().as_secs_f64());
         assert_eq!(report.objects, objects);
         if round == 0 {
-            let segments: Vec<Segment> = (0..SEGMENTS).map(|i| segment(i, seg_bytes)).collect();
             let started = Instant::now();
             target.remount_segments(&segments, CLIENT).expect("remount");
             for s in &segments {

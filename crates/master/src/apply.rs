@@ -209,7 +209,7 @@ impl MasterService {
             });
         }
         let account = self.replay_account(tenant);
-        let entry = self.entry_of(record, group, replicas, account);
+        let entry = self.entry_of(record, group, replicas, account, self.clock.now_ms());
         if group.is_some() || old_hash != own {
             self.routes.set(tenant, key, own, group.map(group_hash));
         }
@@ -242,6 +242,7 @@ impl MasterService {
         group: Option<&str>,
         replicas: SmallVec<[Replica; 1]>,
         account: Option<Arc<TenantAccount>>,
+        now_ms: u64,
     ) -> Box<ObjectEntry> {
         let pending_soft_pin = record.pending_soft_pin.map(|p| PendingSoftPin {
             action: p.action,
@@ -279,7 +280,7 @@ impl MasterService {
             size: record.size,
             put_start_ms: record.put_start_ms,
             lease_timeout_ms: AtomicU64::new(0),
-            last_access_ms: AtomicU64::new(self.clock.now_ms()),
+            last_access_ms: AtomicU64::new(now_ms),
             soft_pin_deadline_ms: record.soft_pin_deadline_ms,
             checksum: 0,
             flags,
@@ -364,19 +365,7 @@ impl MasterService {
     pub fn for_each_shard_records(&self, mut f: impl FnMut(usize, &mut Vec<ObjectRecord>)) {
         let mut batch = Vec::new();
         for i in 0..SHARD_COUNT {
-            {
-                let shard = self.index.shard_at(i).read();
-                let segs = self.segments.inner.read();
-                let live = |h: &BufferHandle| segs.live_segment_of(h);
-                for (tenant, state) in shard.tenants() {
-                    batch.extend(
-                        state
-                            .objects
-                            .iter()
-                            .filter_map(|e| ObjectRecord::of(tenant, e, &live)),
-                    );
-                }
-            }
+            self.visit_shard(i, |view| batch.push(view.to_record()));
             if batch.is_empty() {
                 continue;
             }

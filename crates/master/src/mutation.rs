@@ -35,7 +35,7 @@ use serde::{Deserialize, Serialize};
 
 use crate::allocator::BufferHandle;
 use crate::index::Tenant;
-use crate::object::{ObjectEntry, ReplicaData, TaskKind, FLAG_HARD_PIN};
+use crate::object::ObjectEntry;
 use crate::quota::TenantPolicy;
 
 /// One change of the master's durable state, as it is after the change.
@@ -204,66 +204,6 @@ impl ObjectRecord {
         entry: &ObjectEntry,
         live: &dyn Fn(&BufferHandle) -> Option<SegmentId>,
     ) -> Option<Self> {
-        let m = &entry.meta;
-        let buffer = |h: &BufferHandle| {
-            live(h).map(|segment| BufferRecord {
-                segment,
-                offset: h.offset(),
-                len: h.len(),
-            })
-        };
-        let replicas: Vec<ReplicaRecord> = m
-            .replicas
-            .iter()
-            .filter_map(|r| {
-                let place = match &r.data {
-                    ReplicaData::Memory(h) => ReplicaPlace::Memory(buffer(h)?),
-                    ReplicaData::NoF(h) => ReplicaPlace::NoF(buffer(h)?),
-                    ReplicaData::Disk(d) => ReplicaPlace::Disk((**d).clone()),
-                    ReplicaData::LocalDisk(d) => ReplicaPlace::LocalDisk((**d).clone()),
-                    ReplicaData::Dfs(d) => ReplicaPlace::Dfs((**d).clone()),
-                };
-                Some(ReplicaRecord {
-                    id: r.id,
-                    status: r.status,
-                    refcnt: u32::from(r.refcnt),
-                    place,
-                })
-            })
-            .collect();
-        if replicas.is_empty() || m.size == 0 {
-            return None;
-        }
-        let extra = m.extra.as_deref();
-        Some(ObjectRecord {
-            tenant: tenant.id(),
-            key: entry.key.to_string(),
-            size: m.size,
-            checksum: m.checksum(),
-            data_type: m.data_type,
-            group: m.group().map(str::to_string),
-            writer: m.client_id,
-            put_start_ms: m.put_start_ms,
-            processing: m.is_processing(),
-            hard_pin: m.has(FLAG_HARD_PIN),
-            soft_pin_deadline_ms: m.soft_pin_deadline_ms,
-            pending_soft_pin: extra.and_then(|e| e.pending_soft_pin).map(|p| {
-                PendingSoftPinRecord {
-                    action: p.action,
-                    ttl_ms: p.ttl_ms,
-                }
-            }),
-            replicas,
-            task: m.task().map(|t| ReplicationRecord {
-                client: t.client,
-                start_ms: t.start_ms,
-                kind: match t.kind {
-                    TaskKind::Copy => ReplicationKind::Copy,
-                    TaskKind::Move => ReplicationKind::Move,
-                },
-                source: t.source,
-                targets: t.targets.clone(),
-            }),
-        })
+        crate::export::ObjectView::of(tenant, entry, &mut |h| live(h)).map(|v| v.to_record())
     }
 }

@@ -271,7 +271,7 @@ impl RunningMaster {
                 periodic.stop();
             }
             if let Some(snapshotter) = snapshotter {
-                let _ = snapshotter.take("final");
+                let _ = snapshotter.take_final();
             }
         })
         .await;
@@ -317,17 +317,7 @@ fn restore_into(
     snapshot_metrics: &SnapshotMetrics,
 ) -> Result<(), StartError> {
     let report = master.restore(state, options)?;
-    use std::sync::atomic::Ordering::Relaxed;
-    snapshot_metrics.restored.store(1, Relaxed);
-    snapshot_metrics
-        .restored_objects
-        .store(report.objects as u64, Relaxed);
-    snapshot_metrics
-        .restored_segments
-        .store(report.segments as u64, Relaxed);
-    snapshot_metrics
-        .restore_dropped_objects
-        .store(report.dropped.objects() as u64, Relaxed);
+    snapshot_metrics.record_restore(&report);
     tracing::info!(
         segments = report.segments,
         objects = report.objects,
@@ -527,12 +517,11 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
         if let Some(warning) = resolved.exposure_warning() {
             tracing::warn!("{warning}");
         }
-        let (initial, skipped) = match crate::snapshot::load_at_start(&resolved.snapshot) {
+        let (initial, skipped, clean) = match crate::snapshot::load_at_start(&resolved.snapshot) {
             Ok(start) => (
-                start
-                    .loaded
-                    .map(|(_, state)| (state, RestoreOptions::default())),
+                start.loaded.map(|(_, state, options)| (state, options)),
                 Some(start.skipped),
+                start.clean_shutdown,
             ),
             Err(message) => {
                 tracing::error!("{message}");
@@ -548,10 +537,12 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
             }
         };
         if let (Some(snapshotter), Some(skipped)) = (master.snapshotter(), skipped) {
-            snapshotter
-                .metrics()
-                .restore_skipped_files
-                .store(skipped as u64, std::sync::atomic::Ordering::Relaxed);
+            let metrics = snapshotter.metrics();
+            let relaxed = std::sync::atomic::Ordering::Relaxed;
+            metrics.restore_skipped_files.store(skipped as u64, relaxed);
+            metrics
+                .restore_clean_shutdown
+                .store(u64::from(clean), relaxed);
         }
         if let Some(notice) = &resolved.notice {
             tracing::warn!("{notice}");

@@ -10,12 +10,16 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 use mooncake_master::{MasterService, MasterState};
 use parking_lot::Mutex;
 
-use crate::format::{decode, write_snapshot_counted};
+use crate::decode::decode;
+use crate::encode::write_snapshot_counted;
 use crate::{EncodeOptions, SnapshotError, SnapshotMeta, TakeReport};
 
 const PREFIX: &str = "snapshot-";
 const SUFFIX: &str = ".mcs";
 const TEMP_SUFFIX: &str = ".mcs.tmp";
+/// A clean-shutdown mark: `snapshot-<id>.final` says snapshot `<id>` was taken after the master
+/// stopped serving and that no master has served since.
+const FINAL_SUFFIX: &str = ".final";
 const ID_DIGITS: usize = 20;
 
 /// The id of a final snapshot file name, if `name` is one.
@@ -39,6 +43,18 @@ fn file_name(id: u64) -> String {
     format!("{PREFIX}{id:020}{SUFFIX}")
 }
 
+fn final_name(id: u64) -> String {
+    format!("{PREFIX}{id:020}{FINAL_SUFFIX}")
+}
+
+fn is_final_mark(name: &str) -> bool {
+    name.strip_prefix(PREFIX)
+        .and_then(|rest| rest.strip_suffix(FINAL_SUFFIX))
+        .is_some_and(|digits| {
+            digits.len() == ID_DIGITS && digits.bytes().all(|b| b.is_ascii_digit())
+        })
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -52,6 +68,10 @@ pub struct LoadOutcome {
     pub loaded: Option<(PathBuf, SnapshotMeta, MasterState)>,
     /// Every newer file that did not, newest first, with the reason.
     pub skipped: Vec<(PathBuf, SnapshotError)>,
+    /// The loaded snapshot carries a clean-shutdown mark ([`SnapshotDir::mark_final`]) and no
+    /// newer file was skipped: it is the state the last master stopped in, and none has served
+    /// since.
+    pub is_final: bool,
 }
 
 /// A directory of snapshots (see the module doc). Concurrent [`SnapshotDir::take`] calls are
@@ -77,6 +97,11 @@ impl SnapshotDir {
                 fs::remove_file(entry.path())?;
             }
         }
+        // Probe that files can be created here (a read-only directory fails now, not at the
+        // first take).
+        let probe = path.join(format!("{PREFIX}probe{TEMP_SUFFIX}"));
+        File::create(&probe)?;
+        fs::remove_file(&probe)?;
         let dir = SnapshotDir {
             path,
             retention: retention.max(1),
@@ -130,6 +155,7 @@ impl SnapshotDir {
         *last_id = id;
         self.prune();
         Ok(TakeReport {
+            id,
             path,
             bytes,
             objects,
@@ -155,14 +181,63 @@ impl SnapshotDir {
         Ok(counted)
     }
 
-    /// Removes all but the newest `retention` snapshots (best effort: a file that cannot be
-    /// removed now is tried again at the next take).
+    /// Removes all but the newest `retention` snapshots and their marks (best effort: a file
+    /// that cannot be removed now is tried again at the next take).
     fn prune(&self) {
         if let Ok(list) = self.list() {
-            for (_, path) in list.into_iter().skip(self.retention) {
+            for (id, path) in list.into_iter().skip(self.retention) {
                 let _ = fs::remove_file(path);
+                let _ = fs::remove_file(self.path.join(final_name(id)));
             }
         }
+    }
+
+    /// Marks snapshot `report` as taken at a clean shutdown: after the master stopped serving,
+    /// with nothing changing its state any more (`snapshot-<id>.final`, fsynced with the
+    /// directory). A restore from it may trust what it cannot verify; the master that restores
+    /// it removes the mark ([`SnapshotDir::clear_final_marks`]) before it serves.
+    pub fn mark_final(&self, report: &TakeReport) -> Result<(), SnapshotError> {
+        let _serialized = self.last_id.lock();
+        let file = File::create(self.path.join(final_name(report.id)))?;
+        file.sync_all()?;
+        File::open(&self.path)?.sync_all()?;
+        Ok(())
+    }
+
+    /// The ids of the snapshots carrying a clean-shutdown mark.
+    pub fn final_marks(&self) -> Result<Vec<u64>, SnapshotError> {
+        let mut out = Vec::new();
+        for entry in fs::read_dir(&self.path)? {
+            let name = entry?.file_name();
+            let id: Option<u64> = name.to_str().filter(|n| is_final_mark(n)).and_then(|n| {
+                n.strip_prefix(PREFIX)?
+                    .strip_suffix(FINAL_SUFFIX)?
+                    .parse()
+                    .ok()
+            });
+            out.extend(id);
+        }
+        out.sort_unstable();
+        Ok(out)
+    }
+
+    /// Removes every clean-shutdown mark (fsyncing the directory); returns how many there were.
+    /// A master calls this before it serves: from then on the state moves away from every
+    /// snapshot in the directory.
+    pub fn clear_final_marks(&self) -> Result<usize, SnapshotError> {
+        let _serialized = self.last_id.lock();
+        let mut removed = 0;
+        for entry in fs::read_dir(&self.path)? {
+            let entry = entry?;
+            if entry.file_name().to_str().is_some_and(is_final_mark) {
+                fs::remove_file(entry.path())?;
+                removed += 1;
+            }
+        }
+        if removed > 0 {
+            File::open(&self.path)?.sync_all()?;
+        }
+        Ok(removed)
     }
 
     /// The snapshot files, newest first (temp files and other names are ignored).
@@ -194,10 +269,12 @@ impl SnapshotDir {
                     skipped.push((path, SnapshotError::corrupt(reason)));
                 }
                 Ok((meta, state)) => {
+                    let is_final = skipped.is_empty() && self.path.join(final_name(id)).exists();
                     return Ok(LoadOutcome {
                         loaded: Some((path, meta, state)),
                         skipped,
-                    })
+                        is_final,
+                    });
                 }
                 Err(e) => skipped.push((path, e)),
             }
@@ -205,6 +282,7 @@ impl SnapshotDir {
         Ok(LoadOutcome {
             loaded: None,
             skipped,
+            is_final: false,
         })
     }
 }
@@ -223,5 +301,8 @@ mod tests {
         assert!(is_temp(&format!("{}.tmp", file_name(1))));
         assert!(!is_temp(&file_name(1)));
         assert!(!is_temp("other.mcs.tmp"));
+        assert!(is_final_mark(&final_name(7)));
+        assert_eq!(id_of(&final_name(7)), None);
+        assert!(!is_final_mark(&file_name(7)));
     }
 }

@@ -12,7 +12,7 @@ use mooncake_master::mutation::{
     BufferRecord, DiscardedRecord, PendingSoftPinRecord, ReplicaPlace, ReplicaRecord,
     ReplicationKind, ReplicationRecord, SegmentRecord,
 };
-use mooncake_master::ObjectRecord;
+use mooncake_master::{ObjectRecord, ObjectView, PlaceView};
 
 use crate::wire::{put_str, put_uuid, put_varint, Reader};
 use crate::SnapshotError;
@@ -37,34 +37,44 @@ const PLACE_DFS: u8 = 4;
 /// Most entries an id table, a replica list or a target list may have.
 const MAX_LIST: usize = 1 << 24;
 
-/// The ids (clients and segments) one object chunk refers to, by index.
+/// The ids (clients and segments) one object chunk refers to, by index. A chunk usually names a
+/// few dozen (the writers and the segments): those are found by a scan, the one found last
+/// tried first; past [`IdTable::SCAN`] ids a map takes over.
 #[derive(Debug, Default)]
 pub(crate) struct IdTable {
     ids: Vec<Uuid>,
     index: HashMap<Uuid, u32>,
+    last: u32,
 }
 
 impl IdTable {
+    const SCAN: usize = 64;
+
     fn index_of(&mut self, id: Uuid) -> u32 {
-        if self.ids.len() <= 16 {
-            if let Some(i) = self.ids.iter().position(|x| *x == id) {
-                return i as u32;
+        if self.ids.get(self.last as usize) == Some(&id) {
+            return self.last;
+        }
+        let found = if self.ids.len() <= Self::SCAN {
+            self.ids.iter().position(|x| *x == id).map(|i| i as u32)
+        } else {
+            self.index.get(&id).copied()
+        };
+        let i = found.unwrap_or_else(|| {
+            let i = self.ids.len() as u32;
+            self.ids.push(id);
+            if self.ids.len() == Self::SCAN + 1 {
+                self.index = self
+                    .ids
+                    .iter()
+                    .enumerate()
+                    .map(|(i, x)| (*x, i as u32))
+                    .collect();
+            } else if self.ids.len() > Self::SCAN + 1 {
+                self.index.insert(id, i);
             }
-        } else if let Some(i) = self.index.get(&id) {
-            return *i;
-        }
-        let i = self.ids.len() as u32;
-        self.ids.push(id);
-        if self.ids.len() == 17 {
-            self.index = self
-                .ids
-                .iter()
-                .enumerate()
-                .map(|(i, x)| (*x, i as u32))
-                .collect();
-        } else if self.ids.len() > 17 {
-            self.index.insert(id, i);
-        }
+            i
+        });
+        self.last = i;
         i
     }
 
@@ -79,6 +89,7 @@ impl IdTable {
     pub(crate) fn clear(&mut self) {
         self.ids.clear();
         self.index.clear();
+        self.last = 0;
     }
 
     pub(crate) fn read(r: &mut Reader<'_>) -> Result<Vec<Uuid>, SnapshotError> {
@@ -117,28 +128,28 @@ fn read_buffer(r: &mut Reader<'_>, ids: &[Uuid]) -> Result<BufferRecord, Snapsho
     })
 }
 
-fn put_place(out: &mut Vec<u8>, table: &mut IdTable, place: &ReplicaPlace) {
+fn put_place(out: &mut Vec<u8>, table: &mut IdTable, place: &PlaceView<'_>) {
     match place {
-        ReplicaPlace::Memory(b) => {
+        PlaceView::Memory(b) => {
             out.push(PLACE_MEMORY);
             put_buffer(out, table, b);
         }
-        ReplicaPlace::NoF(b) => {
+        PlaceView::NoF(b) => {
             out.push(PLACE_NOF);
             put_buffer(out, table, b);
         }
-        ReplicaPlace::Disk(d) => {
+        PlaceView::Disk(d) => {
             out.push(PLACE_DISK);
             put_str(out, &d.file_path);
             put_varint(out, d.object_size);
         }
-        ReplicaPlace::LocalDisk(d) => {
+        PlaceView::LocalDisk(d) => {
             out.push(PLACE_LOCAL_DISK);
             put_ref(out, table, d.client_id.0);
             put_varint(out, d.object_size);
             put_str(out, &d.transport_endpoint);
         }
-        ReplicaPlace::Dfs(d) => {
+        PlaceView::Dfs(d) => {
             out.push(PLACE_DFS);
             put_str(out, &d.file_path);
             put_varint(out, d.offset);
@@ -178,7 +189,7 @@ fn replica_status(r: &Reader<'_>, b: u8) -> Result<ReplicaStatus, SnapshotError>
 }
 
 /// Appends one object record; ids go through `table`.
-pub(crate) fn put_object(out: &mut Vec<u8>, table: &mut IdTable, o: &ObjectRecord) {
+pub(crate) fn put_object(out: &mut Vec<u8>, table: &mut IdTable, o: &ObjectView<'_>) {
     let mut flags = 0u8;
     let set = |flags: &mut u8, bit: u8, on: bool| {
         if on {
@@ -194,16 +205,16 @@ pub(crate) fn put_object(out: &mut Vec<u8>, table: &mut IdTable, o: &ObjectRecor
     set(&mut flags, F_PENDING_SOFT_PIN, o.pending_soft_pin.is_some());
     set(&mut flags, F_TASK, o.task.is_some());
     out.push(flags);
-    if let Some(t) = &o.tenant {
-        put_str(out, t.as_str());
+    if let Some(t) = o.tenant {
+        put_str(out, t);
     }
-    put_str(out, &o.key);
+    put_str(out, o.key);
     put_varint(out, o.size);
     if let Some(c) = o.checksum {
         out.extend_from_slice(&c.to_le_bytes());
     }
     out.push(o.data_type);
-    if let Some(g) = &o.group {
+    if let Some(g) = o.group {
         put_str(out, g);
     }
     put_ref(out, table, o.writer.0);
@@ -231,7 +242,7 @@ pub(crate) fn put_object(out: &mut Vec<u8>, table: &mut IdTable, o: &ObjectRecor
         });
         put_varint(out, t.source.0);
         put_varint(out, t.targets.len() as u64);
-        for id in &t.targets {
+        for id in t.targets {
             put_varint(out, id.0);
         }
     }

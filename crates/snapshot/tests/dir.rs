@@ -34,7 +34,7 @@ fn three_takes_with_retention_two_leave_the_two_newest() {
     let (path, meta, state) = out.loaded.unwrap();
     assert_eq!(path, reports[2].path);
     assert_eq!(meta.oplog_position, 2);
-    assert_eq!(state, m.export_state());
+    assert_eq!(live::sorted(state), m.export_state());
     assert!(out.skipped.is_empty());
 }
 
@@ -122,4 +122,48 @@ fn ids_increase_even_within_one_millisecond_and_after_reopen() {
             .len(),
         6
     );
+}
+
+#[test]
+fn a_clean_shutdown_mark_is_reported_until_cleared_and_only_on_the_newest_good_file() {
+    let tmp = tempfile::tempdir().unwrap();
+    let m = live::populated(10);
+    let dir = SnapshotDir::open(tmp.path(), 2).unwrap();
+    let first = dir.take(&m, 1, &EncodeOptions::default()).unwrap();
+    assert!(!dir.load_newest().unwrap().is_final);
+    dir.mark_final(&first).unwrap();
+    let out = dir.load_newest().unwrap();
+    assert!(out.is_final);
+    assert_eq!(out.loaded.unwrap().0, first.path);
+    // The mark is not a snapshot: listing and loading ignore it.
+    assert_eq!(dir.list().unwrap().len(), 1);
+    assert_eq!(dir.clear_final_marks().unwrap(), 1);
+    assert!(!dir.load_newest().unwrap().is_final);
+    assert_eq!(dir.clear_final_marks().unwrap(), 0);
+
+    // A newer file that does not verify means a master ran after the marked one: not final.
+    dir.mark_final(&first).unwrap();
+    let newer = dir.take(&m, 2, &EncodeOptions::default()).unwrap();
+    fs::write(&newer.path, b"not a snapshot").unwrap();
+    let out = dir.load_newest().unwrap();
+    assert_eq!(out.loaded.unwrap().0, first.path);
+    assert_eq!(out.skipped.len(), 1);
+    assert!(!out.is_final);
+
+    // Retention removes a pruned snapshot's mark with it.
+    let third = dir.take(&m, 3, &EncodeOptions::default()).unwrap();
+    assert!(!first.path.exists());
+    assert_eq!(dir.final_marks().unwrap(), Vec::<u64>::new());
+    dir.mark_final(&third).unwrap();
+    assert_eq!(dir.final_marks().unwrap(), vec![third.id]);
+    assert!(dir.load_newest().unwrap().is_final);
+}
+
+#[test]
+fn a_directory_that_cannot_hold_files_is_refused_at_open() {
+    let tmp = tempfile::tempdir().unwrap();
+    let file = tmp.path().join("a-file");
+    fs::write(&file, b"x").unwrap();
+    let err = SnapshotDir::open(file.join("snapshots"), 2).unwrap_err();
+    assert!(matches!(err, SnapshotError::Io(_)), "{err}");
 }

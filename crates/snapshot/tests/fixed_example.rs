@@ -243,7 +243,7 @@ fn expected() -> Vec<u8> {
 
 #[test]
 fn the_fixed_example_encodes_byte_for_byte() {
-    let bytes = encode_state(&state(), &meta(), &EncodeOptions { zstd_level: None });
+    let bytes = encode_state(&state(), &meta(), &EncodeOptions::uncompressed());
     let want = expected();
     assert_eq!(want.len(), 44 + 5 * 20 + 48 + 5 + 61 + 23 + 1 + 24);
     let show = |b: &[u8]| b.iter().map(|x| format!("{x:02x}")).collect::<String>();

@@ -183,7 +183,7 @@ fn meta() -> SnapshotMeta {
 fn random_states_round_trip_exactly() {
     for seed in 0..60u64 {
         let state = random_state(seed * 7919 + 1, (seed as usize * 37) % 400);
-        for opts in [EncodeOptions::default(), EncodeOptions { zstd_level: None }] {
+        for opts in [EncodeOptions::default(), EncodeOptions::uncompressed()] {
             let bytes = encode_state(&state, &meta(), &opts);
             let (m, back) = decode(&bytes).unwrap();
             assert_eq!(m, meta());
@@ -212,7 +212,7 @@ fn is_rejection(e: &SnapshotError) -> bool {
 
 #[test]
 fn every_single_byte_flip_is_refused() {
-    for opts in [EncodeOptions::default(), EncodeOptions { zstd_level: None }] {
+    for opts in [EncodeOptions::default(), EncodeOptions::uncompressed()] {
         let bytes = encode_state(&small_state(), &meta(), &opts);
         assert!(decode(&bytes).is_ok());
         for i in 0..bytes.len() {
@@ -267,9 +267,9 @@ fn a_large_state_is_split_into_several_chunks() {
     let one = encode_state(
         &random_state(99, 0),
         &meta(),
-        &EncodeOptions { zstd_level: None },
+        &EncodeOptions::uncompressed(),
     );
-    let bytes = encode_state(&state, &meta(), &EncodeOptions { zstd_level: None });
+    let bytes = encode_state(&state, &meta(), &EncodeOptions::uncompressed());
     // Trailer: chunk count at bytes 4..8 of the last 24.
     let count = |b: &[u8]| {
         let t = &b[b.len() - 24..];
@@ -277,4 +277,109 @@ fn a_large_state_is_split_into_several_chunks() {
     };
     assert_eq!(count(&one), 4, "segments, policy, discarded, counters");
     assert!(count(&bytes) >= 4 + 2, "{} chunks", count(&bytes));
+}
+
+/// The chunks of a snapshot file: (kind, byte offset of the chunk header, stored length).
+fn chunks_of(bytes: &[u8]) -> Vec<(u8, usize, usize)> {
+    let mut pos = usize::from(u16::from_le_bytes([bytes[10], bytes[11]]));
+    let mut out = Vec::new();
+    while bytes[pos] != 0 {
+        let h = &bytes[pos..pos + 20];
+        let stored = u32::from_le_bytes([h[12], h[13], h[14], h[15]]) as usize;
+        out.push((h[0], pos, stored));
+        pos += 20 + stored;
+    }
+    out
+}
+
+/// Adds `delta` to the record count of the chunk at `at`, then makes every CRC and the trailer
+/// agree again: only the payload parser can tell.
+fn recount(bytes: &mut [u8], at: usize, delta: i64) {
+    let count = u32::from_le_bytes([bytes[at + 4], bytes[at + 5], bytes[at + 6], bytes[at + 7]]);
+    let count = (i64::from(count) + delta) as u32;
+    bytes[at + 4..at + 8].copy_from_slice(&count.to_le_bytes());
+    let mut crcs = 0u32;
+    let mut objects = 0u64;
+    for (kind, pos, stored) in chunks_of(bytes) {
+        let crc = crc32c::crc32c_append(
+            crc32c::crc32c(&bytes[pos..pos + 16]),
+            &bytes[pos + 20..pos + 20 + stored],
+        );
+        bytes[pos + 16..pos + 20].copy_from_slice(&crc.to_le_bytes());
+        crcs = crc32c::crc32c_append(crcs, &crc.to_le_bytes());
+        if kind == 3 {
+            let h = &bytes[pos..pos + 8];
+            objects += u64::from(u32::from_le_bytes([h[4], h[5], h[6], h[7]]));
+        }
+    }
+    let t = bytes.len() - 24;
+    bytes[t + 8..t + 16].copy_from_slice(&objects.to_le_bytes());
+    bytes[t + 16..t + 20].copy_from_slice(&crcs.to_le_bytes());
+    let crc = crc32c::crc32c(&bytes[t..t + 20]);
+    bytes[t + 20..t + 24].copy_from_slice(&crc.to_le_bytes());
+}
+
+#[test]
+fn a_large_state_goes_through_the_compression_and_decoding_threads_unchanged() {
+    let state = random_state(4242, 40_000);
+    for opts in [EncodeOptions::default(), EncodeOptions::uncompressed()] {
+        let bytes = encode_state(&state, &meta(), &opts);
+        let objects: Vec<_> = chunks_of(&bytes).into_iter().filter(|c| c.0 == 3).collect();
+        // Enough to be split between two decoding threads (1 MiB stored, several chunks).
+        assert!(objects.len() >= 3, "{} object chunks", objects.len());
+        assert!(objects.iter().map(|c| c.2).sum::<usize>() >= 1 << 20);
+        assert_eq!(decode(&bytes).unwrap().1, state);
+    }
+}
+
+#[test]
+fn the_first_bad_object_chunk_in_file_order_is_reported_whichever_thread_reads_it() {
+    let state = random_state(77, 40_000);
+    let good = encode_state(&state, &meta(), &EncodeOptions::uncompressed());
+    let objects: Vec<usize> = chunks_of(&good)
+        .into_iter()
+        .filter(|c| c.0 == 3)
+        .map(|c| c.1)
+        .collect();
+    let (first, last) = (objects[0], objects[objects.len() - 1]);
+    let reason = |bytes: &[u8]| match decode(bytes) {
+        Err(SnapshotError::Corrupt { reason }) => reason,
+        other => panic!("not refused as corrupt: {:?}", other.map(|_| ())),
+    };
+    // One record too few in the last chunk (parsed by the second thread): bytes left over.
+    let mut late = good.clone();
+    recount(&mut late, last, -1);
+    let late_reason = reason(&late);
+    assert!(late_reason.contains("left over"), "{late_reason}");
+    // Also one record too many in the first chunk: that one, earlier in the file, is reported.
+    let mut both = late.clone();
+    recount(&mut both, first, 1);
+    let both_reason = reason(&both);
+    assert!(both_reason.contains("more bytes"), "{both_reason}");
+    assert!(!both_reason.contains("left over"), "{both_reason}");
+}
+
+#[test]
+fn a_key_written_twice_by_a_live_take_keeps_the_record_written_last() {
+    // An object moved to its group's shard while a take ran: the take met it in its old shard
+    // (no group) and again in the new one (grouped). Another key appears once.
+    let mut state = random_state(3, 3);
+    let mut old = state.objects[0].clone();
+    old.group = None;
+    let mut moved = old.clone();
+    moved.group = Some("g".into());
+    moved.size = old.size.wrapping_add(1);
+    let other = state.objects[1].clone();
+    state.objects = vec![old.clone(), other.clone(), moved.clone()];
+    let bytes = encode_state(&state, &meta(), &EncodeOptions::uncompressed());
+    assert_eq!(
+        decode(&bytes).unwrap().1.objects,
+        vec![other.clone(), moved]
+    );
+    // The other way round (moved out of its group): the ungrouped copy came last and wins.
+    let mut grouped = old.clone();
+    grouped.group = Some("g".into());
+    state.objects = vec![grouped, other.clone(), old.clone()];
+    let bytes = encode_state(&state, &meta(), &EncodeOptions::uncompressed());
+    assert_eq!(decode(&bytes).unwrap().1.objects, vec![other, old]);
 }

@@ -3,9 +3,82 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, Stdio};
+use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
+
+/// The `mooncake` binary under test.
+pub const BIN: &str = env!("CARGO_BIN_EXE_mooncake");
+
+/// Waits (at most `limit`) for the first line `child` prints on stdout, then keeps draining its
+/// stdout so it never blocks on a full pipe. `None`: stdout closed first (the process ended).
+pub fn first_line(child: &mut Child, limit: Duration) -> Option<String> {
+    let stdout = child.stdout.take().expect("stdout is piped");
+    let (tx, rx) = mpsc::channel();
+    std::thread::spawn(move || {
+        let mut reader = BufReader::new(stdout);
+        let mut line = String::new();
+        let _ = reader.read_line(&mut line);
+        let _ = tx.send(line);
+        let mut sink = Vec::new();
+        let _ = reader.read_to_end(&mut sink);
+    });
+    let line = rx
+        .recv_timeout(limit)
+        .unwrap_or_else(|_| panic!("no first line on stdout within {limit:?}"));
+    (!line.is_empty()).then_some(line)
+}
+
+/// The word after `tag` in `line` (e.g. the address after `rpc`).
+pub fn word_after<'a>(line: &'a str, tag: &str) -> Option<&'a str> {
+    let mut words = line.split_whitespace();
+    words.find(|w| *w == tag)?;
+    words.next()
+}
+
+/// Sends `signal` to our own child.
+pub fn signal(child: &Child, signal: i32) {
+    // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
+    unsafe {
+        libc::kill(child.id() as i32, signal);
+    }
+}
+
+/// The child's exit status, waiting at most `limit`.
+pub fn wait_exit(child: &mut Child, limit: Duration) -> Option<ExitStatus> {
+    let deadline = Instant::now() + limit;
+    while Instant::now() < deadline {
+        if let Some(status) = child.try_wait().unwrap() {
+            return Some(status);
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    None
+}
+
+/// How to start a `mooncake master`.
+pub struct MasterOptions<'a> {
+    /// RPC port (0: any free one).
+    pub port: u16,
+    pub extra: &'a [&'a str],
+    pub stderr: Stdio,
+    /// `MOONCAKE_LOG`.
+    pub log: &'a str,
+    /// More environment variables.
+    pub env: &'a [(&'a str, &'a str)],
+}
+
+impl Default for MasterOptions<'_> {
+    fn default() -> Self {
+        MasterOptions {
+            port: 0,
+            extra: &[],
+            stderr: Stdio::inherit(),
+            log: "warn",
+            env: &[],
+        }
+    }
+}
 
 /// A `mooncake master` child process; killed on drop if still running.
 pub struct MasterProcess {
@@ -24,54 +97,51 @@ impl MasterProcess {
 
     /// [`MasterProcess::start`] with the master's stderr sent to `stderr` (a file to read back).
     pub fn start_with_stderr(extra: &[&str], stderr: Stdio) -> MasterProcess {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_mooncake"))
+        let options = MasterOptions {
+            extra,
+            stderr,
+            ..MasterOptions::default()
+        };
+        MasterProcess::spawn(options).unwrap_or_else(|status| panic!("master exited: {status}"))
+    }
+
+    /// Starts a master as `options` say and waits (at most 30 s) for its "listening" line;
+    /// `Err` with its exit status when it ended before printing it.
+    pub fn spawn(options: MasterOptions<'_>) -> Result<MasterProcess, ExitStatus> {
+        let mut child = Command::new(BIN)
             .arg("master")
             .args([
-                "--rpc_address=127.0.0.1",
-                "--port=0",
-                "--metrics_host=127.0.0.1",
-                "--metrics_port=0",
-                "--http_metadata_server_host=127.0.0.1",
-                "--http_metadata_server_port=0",
+                "--rpc_address=127.0.0.1".to_string(),
+                format!("--port={}", options.port),
+                "--metrics_host=127.0.0.1".into(),
+                "--metrics_port=0".into(),
+                "--http_metadata_server_host=127.0.0.1".into(),
+                "--http_metadata_server_port=0".into(),
             ])
-            .args(extra)
-            .env("MOONCAKE_LOG", "warn")
+            .args(options.extra)
+            .env("MOONCAKE_LOG", options.log)
+            .envs(options.env.iter().copied())
             .stdout(Stdio::piped())
-            .stderr(stderr)
+            .stderr(options.stderr)
             .spawn()
             .expect("start mooncake master");
-        let stdout = child.stdout.take().unwrap();
-        let (tx, rx) = mpsc::channel();
-        std::thread::spawn(move || {
-            let mut reader = BufReader::new(stdout);
-            let mut line = String::new();
-            let _ = reader.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep draining so the child never blocks on a full pipe.
-            let mut sink = Vec::new();
-            let _ = reader.read_to_end(&mut sink);
-        });
-        let line = rx
-            .recv_timeout(Duration::from_secs(20))
-            .expect("master did not start in 20 s");
-        let words: Vec<&str> = line.split_whitespace().collect();
+        let Some(line) = first_line(&mut child, Duration::from_secs(30)) else {
+            return Err(wait_exit(&mut child, Duration::from_secs(10)).expect("master exit"));
+        };
         let find = |tag: &str| {
-            words
-                .iter()
-                .position(|w| *w == tag)
-                .and_then(|i| words.get(i + 1))
+            word_after(&line, tag)
                 .map(|w| {
                     w.trim_start_matches("http://")
                         .trim_end_matches("/metadata")
                 })
                 .and_then(|w| w.parse::<SocketAddr>().ok())
         };
-        MasterProcess {
+        Ok(MasterProcess {
             rpc: find("rpc").unwrap_or_else(|| panic!("no rpc address in {line:?}")),
             metrics: find("metrics").unwrap_or_else(|| panic!("no metrics address in {line:?}")),
             metadata: find("metadata"),
             child,
-        }
+        })
     }
 
     pub fn pid(&self) -> u32 {
@@ -89,23 +159,65 @@ impl MasterProcess {
     }
 
     /// Sends SIGTERM and waits (at most `limit`) for the exit status.
-    pub fn terminate(mut self, limit: Duration) -> Option<std::process::ExitStatus> {
-        // SAFETY: kill(2) on our own child's pid has no memory-safety preconditions.
-        unsafe {
-            libc::kill(self.child.id() as i32, libc::SIGTERM);
-        }
-        let deadline = Instant::now() + limit;
-        while Instant::now() < deadline {
-            if let Some(status) = self.child.try_wait().unwrap() {
-                return Some(status);
-            }
-            std::thread::sleep(Duration::from_millis(20));
-        }
-        None
+    pub fn terminate(mut self, limit: Duration) -> Option<ExitStatus> {
+        signal(&self.child, libc::SIGTERM);
+        wait_exit(&mut self.child, limit)
     }
 }
 
 impl Drop for MasterProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A `mooncake store` node; killed on drop.
+pub struct StoreNode {
+    pub child: Child,
+    /// The transfer endpoint it printed.
+    pub endpoint: String,
+}
+
+impl StoreNode {
+    /// Starts `mooncake store --master MASTER --segment-size SEGMENT EXTRA…` (no access token
+    /// from this process's environment: a token comes only from `extra`) and waits (at most
+    /// 20 s) for its first line, which names its endpoint.
+    pub fn start(master: &str, segment: &str, extra: &[&str]) -> StoreNode {
+        let mut child = Command::new(BIN)
+            .args(["store", "--master", master, "--segment-size", segment])
+            .args(extra)
+            .env_remove("MC_AUTH_TOKEN")
+            .env_remove("MC_AUTH_TOKEN_FILE")
+            .env("MOONCAKE_LOG", "error")
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start mooncake store");
+        let line = first_line(&mut child, Duration::from_secs(20)).expect("store node exited");
+        let endpoint = word_after(&line, "endpoint")
+            .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
+            .to_string();
+        StoreNode { child, endpoint }
+    }
+
+    pub fn signal(&self, sig: i32) {
+        signal(&self.child, sig);
+    }
+
+    /// The exit status, waiting at most `limit`.
+    pub fn wait(&mut self, limit: Duration) -> Option<ExitStatus> {
+        wait_exit(&mut self.child, limit)
+    }
+
+    /// SIGKILL, and waits (at most 10 s) for the exit.
+    pub fn kill(mut self) {
+        self.signal(libc::SIGKILL);
+        self.wait(Duration::from_secs(10)).expect("node exit");
+    }
+}
+
+impl Drop for StoreNode {
     fn drop(&mut self) {
         let _ = self.child.kill();
         let _ = self.child.wait();

@@ -8,7 +8,7 @@ use std::sync::Arc;
 
 use mooncake_common::{SegmentId, SegmentStatus};
 
-use super::{Fate, RestoreDrops};
+use super::{both, Fate, Join, RestoreDrops};
 use crate::allocator::{BufferHandle, SegmentAllocator, SegmentInfo};
 use crate::mutation::{DiscardedRecord, ObjectRecord, SegmentRecord};
 
@@ -40,10 +40,13 @@ pub(super) enum SlotState {
     LostOverlap,
 }
 
+/// Segment id → position, hashed with foldhash (looked up once per replica).
+pub(super) type SegmentPositions = HashMap<SegmentId, usize, foldhash::fast::RandomState>;
+
 /// The segment records restore accepted, in order, and the position of each id.
 pub(super) struct Segments {
     pub(super) records: Vec<SegmentRecord>,
-    pub(super) pos: HashMap<SegmentId, usize>,
+    pub(super) pos: SegmentPositions,
 }
 
 /// The replicas of all objects flattened into slots (object `i`'s replicas start at
@@ -135,7 +138,7 @@ fn in_bounds(seg: &SegmentRecord, offset: u64, len: u64) -> bool {
 /// Positions the valid segment records by id; invalid and duplicate ones are counted in `drops`.
 pub(super) fn accept_segments(records: Vec<SegmentRecord>, drops: &mut RestoreDrops) -> Segments {
     let mut segs: Vec<SegmentRecord> = Vec::with_capacity(records.len());
-    let mut pos: HashMap<SegmentId, usize> = HashMap::new();
+    let mut pos = SegmentPositions::default();
     for r in records {
         if !valid_segment(&r) || pos.contains_key(&r.segment.id) {
             drops.invalid_segments += 1;
@@ -223,13 +226,21 @@ fn segment_info(seg: &SegmentRecord, names: &mut HashMap<String, Arc<str>>) -> S
     }
 }
 
-/// Rebuilds `seg`'s allocator around the claims kept, and hands each kept claim its handle.
+/// One segment's rebuilt allocator, and what became of each of its claims: kept with a handle,
+/// or lost to an overlap.
+struct RebuiltSegment {
+    allocator: Arc<SegmentAllocator>,
+    outcomes: Vec<(Holder, Option<BufferHandle>)>,
+    lost: Vec<Holder>,
+}
+
+/// Rebuilds `seg`'s allocator around the claims kept (`claims` in offset order, so that the
+/// overlap check and the rebuild find their input sorted).
 fn rebuild_segment(
     seg: &SegmentRecord,
     claims: &[Claim],
     names: &mut HashMap<String, Arc<str>>,
-    out: &mut Claimed,
-) {
+) -> RebuiltSegment {
     let kept = resolve_overlaps(claims);
     let live: Vec<(u64, u64)> = claims
         .iter()
@@ -245,32 +256,52 @@ fn rebuild_segment(
         Err(_) => (SegmentAllocator::new(info), Vec::new()),
     };
     let mut handles = handles.into_iter();
+    let mut out = RebuiltSegment {
+        allocator,
+        outcomes: Vec::with_capacity(live.len()),
+        lost: Vec::new(),
+    };
     for (c, k) in claims.iter().zip(&kept) {
-        match (c.holder, *k) {
-            (Holder::Replica(slot), true) => {
-                out.slot_handles[slot] = handles.next();
-                out.slot_state[slot] = if out.slot_handles[slot].is_some() {
-                    SlotState::Kept
-                } else {
-                    SlotState::Unclaimed
-                };
-            }
-            (Holder::Replica(slot), false) => out.slot_state[slot] = SlotState::LostOverlap,
-            (Holder::Discarded(e, k), true) => out.discarded_handles[e][k] = handles.next(),
-            (Holder::Discarded(..), false) => {}
+        if *k {
+            out.outcomes.push((c.holder, handles.next()));
+        } else {
+            out.lost.push(c.holder);
         }
     }
-    out.allocators.push(allocator);
+    out
+}
+
+/// Rebuilds the segments whose claims are `claims` (sorted first), the first of them at
+/// position `first`.
+fn rebuild_segments(
+    segs: &Segments,
+    claims: &mut [Vec<Claim>],
+    first: usize,
+) -> Vec<(usize, RebuiltSegment)> {
+    let mut names: HashMap<String, Arc<str>> = HashMap::new();
+    claims
+        .iter_mut()
+        .enumerate()
+        .map(|(i, claims)| {
+            let p = first + i;
+            claims.sort_unstable_by_key(|c| (c.offset, c.len));
+            let rebuilt = rebuild_segment(&segs.records[p], claims, &mut names);
+            *claims = Vec::new();
+            (p, rebuilt)
+        })
+        .collect()
 }
 
 /// Collects the claimed ranges and rebuilds each segment's allocator once around the ranges
-/// kept; replicas that lost an overlap are counted in `drops`.
+/// kept (the segments split between the two halves of `join`); replicas that lost an overlap
+/// are counted in `drops`.
 pub(super) fn claim_ranges(
     segs: &Segments,
     objects: &[ObjectRecord],
     fates: &[Fate],
     discarded: &[DiscardedRecord],
     drops: &mut RestoreDrops,
+    join: Option<Join>,
 ) -> Claimed {
     let ClaimSet {
         first_slot,
@@ -296,10 +327,43 @@ pub(super) fn claim_ranges(
         allocators: Vec::with_capacity(segs.records.len()),
         max_id,
     };
-    let mut names: HashMap<String, Arc<str>> = HashMap::new();
-    for (p, seg) in segs.records.iter().enumerate() {
-        let claims = std::mem::take(&mut claims[p]);
-        rebuild_segment(seg, &claims, &mut names, &mut out);
+    // Two halves of about equal claims: segments in order until half the claims are taken.
+    let total: usize = claims.iter().map(Vec::len).sum();
+    let mut seen = 0;
+    let split = claims
+        .iter()
+        .position(|c| {
+            seen += c.len();
+            seen * 2 >= total
+        })
+        .map_or(claims.len(), |p| p + 1);
+    let (first, second) = claims.split_at_mut(split);
+    let (mut a, mut b) = (Vec::new(), Vec::new());
+    both(
+        join,
+        || a = rebuild_segments(segs, first, 0),
+        || b = rebuild_segments(segs, second, split),
+    );
+    for (_, rebuilt) in a.into_iter().chain(b) {
+        for (holder, handle) in rebuilt.outcomes {
+            match holder {
+                Holder::Replica(slot) => {
+                    out.slot_state[slot] = if handle.is_some() {
+                        SlotState::Kept
+                    } else {
+                        SlotState::Unclaimed
+                    };
+                    out.slot_handles[slot] = handle;
+                }
+                Holder::Discarded(e, k) => out.discarded_handles[e][k] = handle,
+            }
+        }
+        for holder in rebuilt.lost {
+            if let Holder::Replica(slot) = holder {
+                out.slot_state[slot] = SlotState::LostOverlap;
+            }
+        }
+        out.allocators.push(rebuilt.allocator);
     }
     drops.overlap_replicas = out
         .slot_state

@@ -53,8 +53,12 @@ pub const MAX_UNVERIFIED_PAGE_BYTES: u64 = 1 << 30;
 /// Most ids one [`MasterService::confirm_replicas`] call may carry in each list.
 pub const MAX_CONFIRM_IDS: usize = 65_536;
 
+/// Runs two pieces of work, possibly at once, and returns when both are done (a fork-join
+/// supplied by the caller: the master itself never starts threads).
+pub type Join = fn(&mut (dyn FnMut() + Send), &mut (dyn FnMut() + Send));
+
 /// How to restore.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy)]
 pub struct RestoreOptions {
     /// Objects without a checksum are dropped (their bytes cannot be checked). Turn off only for
     /// a FINAL snapshot (taken after the RPC server stopped, never served from since).
@@ -63,6 +67,10 @@ pub struct RestoreOptions {
     pub owner_wait_ms: Option<u64>,
     /// How long a re-mounted segment's node has to confirm its replicas.
     pub verify_timeout_ms: u64,
+    /// Splits the bulk steps (allocator rebuilds, building the entries, inserting them, sorting
+    /// the pending verifications) in two halves run by this fork-join; `None` runs them one
+    /// after the other. The result is the same either way.
+    pub join: Option<Join>,
 }
 
 impl Default for RestoreOptions {
@@ -71,6 +79,18 @@ impl Default for RestoreOptions {
             verify_required: true,
             owner_wait_ms: None,
             verify_timeout_ms: DEFAULT_VERIFY_TIMEOUT_MS,
+            join: None,
+        }
+    }
+}
+
+/// Runs `a` and `b` with `join`, or one after the other.
+pub(super) fn both(join: Option<Join>, mut a: impl FnMut() + Send, mut b: impl FnMut() + Send) {
+    match join {
+        Some(join) => join(&mut a, &mut b),
+        None => {
+            a();
+            b();
         }
     }
 }
@@ -98,6 +118,18 @@ pub struct RestoreDrops {
 }
 
 impl RestoreDrops {
+    /// Adds `other`'s counts to these.
+    pub(super) fn add(&mut self, other: &RestoreDrops) {
+        self.invalid_segments += other.invalid_segments;
+        self.overlap_replicas += other.overlap_replicas;
+        self.overlap_objects += other.overlap_objects;
+        self.processing_objects += other.processing_objects;
+        self.no_checksum_objects += other.no_checksum_objects;
+        self.lost_segment_objects += other.lost_segment_objects;
+        self.invalid_objects += other.invalid_objects;
+        self.tasks += other.tasks;
+    }
+
     /// Objects not restored, all reasons together.
     pub fn objects(&self) -> usize {
         self.overlap_objects
@@ -208,6 +240,7 @@ impl MasterService {
             &fates,
             &discarded,
             &mut report.dropped,
+            opts.join,
         );
 
         // Segments, waiting for their owners; then the policy (accounts before charges).
@@ -225,14 +258,16 @@ impl MasterService {
         }
 
         // Objects, bucketed by shard, then one write lock per shard; the discarded list.
+        let mut object_records = object_records;
         let mut placed = self.place_objects(
             &segs,
-            object_records,
+            &mut object_records,
             &fates,
             &mut claimed,
             &mut report.dropped,
+            opts.join,
         );
-        self.insert_buckets(&mut placed, &mut report);
+        self.insert_buckets(&mut placed, &mut report, opts.join);
         self.restore_discarded(
             &discarded,
             claimed.discarded_handles,
@@ -245,7 +280,13 @@ impl MasterService {
         report.next_replica_id = self.next_replica_id.load(Ordering::Relaxed);
         self.recompute_quotas();
 
-        self.install_pending(&segs, placed.pending, placed.keys, opts.verify_timeout_ms);
+        self.install_pending(
+            &segs,
+            placed.pending,
+            placed.keys,
+            opts.verify_timeout_ms,
+            opts.join,
+        );
         self.restore_active
             .store(report.segments > 0, Ordering::Release);
 

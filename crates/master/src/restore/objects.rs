@@ -1,14 +1,14 @@
 //! Restored objects: records turned into entries around the handles the rebuilt allocators gave
 //! their replicas, bucketed by shard and inserted one shard lock at a time; the discarded list
 //! (the snapshot's entries, then the ranges of puts in flight) and the pending verifications.
+//! Building the entries, inserting them and sorting the pending lists each run in two halves
+//! (`RestoreOptions::join`).
 
-use std::collections::HashMap;
-
-use mooncake_common::{ReplicaId, ReplicaStatus, SegmentId, TenantId};
+use mooncake_common::{ReplicaId, ReplicaStatus, TenantId};
 use smallvec::SmallVec;
 
-use super::claims::{Claimed, Segments, SlotState};
-use super::{Fate, RestoreDrops, RestoreReport};
+use super::claims::{Claimed, SegmentPositions, Segments, SlotState};
+use super::{both, Fate, Join, RestoreDrops, RestoreReport};
 use crate::allocator::BufferHandle;
 use crate::deferred::DiscardedBuffers;
 use crate::handle::MasterService;
@@ -23,16 +23,53 @@ type Bucketed = (Option<TenantId>, u64, Box<ObjectEntry>);
 /// A memory replica to verify: segment position, id, offset, length.
 type Unverified = (usize, ReplicaId, u64, u64);
 
+/// The keys of the objects with a pending verification (`PendingReplica::object` indexes it).
+type Keys = Vec<(Option<TenantId>, Box<str>)>;
+
 /// What the objects left for the later steps.
 pub(super) struct Placed {
     /// Entries by shard.
     buckets: Vec<Vec<Bucketed>>,
     /// Pending verifications by segment position.
     pub(super) pending: Vec<Vec<PendingReplica>>,
-    /// The keys of the objects with a pending verification (`PendingReplica::object` indexes it).
-    pub(super) keys: Vec<(Option<TenantId>, Box<str>)>,
+    pub(super) keys: Keys,
     /// The ranges of puts in flight, for the discarded list.
     pub(super) in_flight: Vec<BufferHandle>,
+    /// Objects left out, by reason.
+    drops: RestoreDrops,
+}
+
+impl Placed {
+    fn new(segments: usize) -> Self {
+        let mut placed = Placed {
+            buckets: Vec::new(),
+            pending: Vec::new(),
+            keys: Vec::new(),
+            in_flight: Vec::new(),
+            drops: RestoreDrops::default(),
+        };
+        placed.buckets.resize_with(SHARD_COUNT, Vec::new);
+        placed.pending.resize_with(segments, Vec::new);
+        placed
+    }
+
+    /// Appends what the later half placed (its entries after this half's in every bucket, so a
+    /// duplicate key keeps the record met first).
+    fn append(&mut self, later: Placed) {
+        for (mine, theirs) in self.buckets.iter_mut().zip(later.buckets) {
+            mine.extend(theirs);
+        }
+        let offset = self.keys.len();
+        for (mine, theirs) in self.pending.iter_mut().zip(later.pending) {
+            mine.extend(theirs.into_iter().map(|mut p| {
+                p.object += offset;
+                p
+            }));
+        }
+        self.keys.extend(later.keys);
+        self.in_flight.extend(later.in_flight);
+        self.drops.add(&later.drops);
+    }
 }
 
 /// One object's replicas, rebuilt.
@@ -43,14 +80,14 @@ struct Rebuilt {
     unverified: SmallVec<[Unverified; 2]>,
 }
 
-/// The replicas of `record` (its slots start at `first_slot`) with the handles the rebuild gave
-/// them; the memory ranges of replicas not complete go to `in_flight`.
+/// The replicas of `record` with the handles the rebuild gave them (`handles` and `states` are
+/// its slots); the memory ranges of replicas not complete go to `in_flight`.
 fn rebuild_replicas(
     record: &ObjectRecord,
-    first_slot: usize,
+    handles: &mut [Option<BufferHandle>],
+    states: &[SlotState],
     processing: bool,
-    claimed: &mut Claimed,
-    seg_pos: &HashMap<SegmentId, usize>,
+    seg_pos: &SegmentPositions,
     in_flight: &mut Vec<BufferHandle>,
 ) -> Rebuilt {
     let mut out = Rebuilt {
@@ -59,12 +96,11 @@ fn rebuild_replicas(
         unverified: SmallVec::new(),
     };
     for (j, rr) in record.replicas.iter().enumerate() {
-        let slot = first_slot + j;
-        out.lost_to_overlap |= claimed.slot_state[slot] == SlotState::LostOverlap;
+        out.lost_to_overlap |= states.get(j) == Some(&SlotState::LostOverlap);
         let complete = !processing && rr.status == ReplicaStatus::COMPLETE;
         let data = match &rr.place {
             ReplicaPlace::Memory(_) | ReplicaPlace::NoF(_) => {
-                let Some(h) = claimed.slot_handles[slot].take() else {
+                let Some(h) = handles.get_mut(j).and_then(Option::take) else {
                     continue;
                 };
                 if !complete {
@@ -98,26 +134,75 @@ fn rebuild_replicas(
     out
 }
 
+/// One half of the objects and what belongs to it: their fates, where each one's slots start
+/// (one more entry than objects; global slot numbers), and the slots from `slot_base` on.
+struct Half<'a> {
+    records: &'a mut [ObjectRecord],
+    fates: &'a [Fate],
+    first_slot: &'a [usize],
+    slot_base: usize,
+    handles: &'a mut [Option<BufferHandle>],
+    states: &'a [SlotState],
+}
+
 impl MasterService {
-    /// Turns the records into entries, bucketed by shard, counting in `drops` those left out.
+    /// Turns the records into entries, bucketed by shard (two halves of the records, run by
+    /// `join`), counting in `drops` those left out. The records' keys are moved out.
     pub(super) fn place_objects(
         &self,
         segs: &Segments,
-        objects: Vec<ObjectRecord>,
+        objects: &mut [ObjectRecord],
         fates: &[Fate],
         claimed: &mut Claimed,
         drops: &mut RestoreDrops,
+        join: Option<Join>,
     ) -> Placed {
-        let mut placed = Placed {
-            buckets: Vec::new(),
-            pending: Vec::new(),
-            keys: Vec::new(),
-            in_flight: Vec::new(),
-        };
-        placed.buckets.resize_with(SHARD_COUNT, Vec::new);
-        placed.pending.resize_with(segs.records.len(), Vec::new);
-        for (i, record) in objects.into_iter().enumerate() {
-            match fates[i] {
+        let now_ms = self.clock.now_ms();
+        let m = objects.len() / 2;
+        let split = claimed.first_slot[m];
+        let (h0, h1) = claimed.slot_handles.split_at_mut(split);
+        let (s0, s1) = claimed.slot_state.split_at(split);
+        let (o0, o1) = objects.split_at_mut(m);
+        let first_slot = &claimed.first_slot;
+        let halves = [
+            Half {
+                records: o0,
+                fates: &fates[..m],
+                first_slot: &first_slot[..=m],
+                slot_base: 0,
+                handles: h0,
+                states: s0,
+            },
+            Half {
+                records: o1,
+                fates: &fates[m..],
+                first_slot: &first_slot[m..],
+                slot_base: split,
+                handles: h1,
+                states: s1,
+            },
+        ];
+        let [a, b] = halves;
+        let (mut first, mut second) = (None, None);
+        let (mut a, mut b) = (Some(a), Some(b));
+        both(
+            join,
+            || first = a.take().map(|h| self.place_half(segs, h, now_ms)),
+            || second = b.take().map(|h| self.place_half(segs, h, now_ms)),
+        );
+        let mut placed = first.unwrap_or_else(|| Placed::new(segs.records.len()));
+        if let Some(second) = second {
+            placed.append(second);
+        }
+        drops.add(&placed.drops);
+        placed
+    }
+
+    fn place_half(&self, segs: &Segments, half: Half<'_>, now_ms: u64) -> Placed {
+        let mut placed = Placed::new(segs.records.len());
+        for (i, record) in half.records.iter_mut().enumerate() {
+            let drops = &mut placed.drops;
+            match half.fates[i] {
                 Fate::Invalid => {
                     drops.invalid_objects += 1;
                     continue;
@@ -128,15 +213,18 @@ impl MasterService {
                 }
                 Fate::Keep | Fate::Processing => {}
             }
-            let processing = fates[i] == Fate::Processing;
+            let processing = half.fates[i] == Fate::Processing;
+            let slots =
+                half.first_slot[i] - half.slot_base..half.first_slot[i + 1] - half.slot_base;
             let rebuilt = rebuild_replicas(
-                &record,
-                claimed.first_slot[i],
+                record,
+                &mut half.handles[slots.clone()],
+                &half.states[slots],
                 processing,
-                claimed,
                 &segs.pos,
                 &mut placed.in_flight,
             );
+            let drops = &mut placed.drops;
             if processing {
                 drops.processing_objects += 1;
                 continue;
@@ -149,22 +237,23 @@ impl MasterService {
                 }
                 continue;
             }
-            self.bucket_object(record, rebuilt, &mut placed, drops);
+            self.bucket_object(record, rebuilt, &mut placed, now_ms);
         }
         placed
     }
 
     /// Builds `record`'s entry around its rebuilt replicas (its task dropped, its group route and
-    /// soft pin set) and puts it into its shard's bucket, its replicas among the pending.
+    /// soft pin set) and puts it into its shard's bucket, its replicas among the pending. The
+    /// record's key and tenant are moved out.
     fn bucket_object(
         &self,
-        mut record: ObjectRecord,
+        record: &mut ObjectRecord,
         rebuilt: Rebuilt,
         placed: &mut Placed,
-        drops: &mut RestoreDrops,
+        now_ms: u64,
     ) {
         if record.task.take().is_some() {
-            drops.tasks += 1;
+            placed.drops.tasks += 1;
         }
         record.processing = false;
         let tenant = Tenant::of(record.tenant.as_ref());
@@ -179,7 +268,7 @@ impl MasterService {
             self.push_soft_pin(tenant, &record.key, record.soft_pin_deadline_ms);
         }
         let account = self.replay_account(tenant);
-        let entry = self.entry_of(&record, group, rebuilt.replicas, account);
+        let entry = self.entry_of(record, group, rebuilt.replicas, account, now_ms);
         if !rebuilt.unverified.is_empty() {
             for (p, id, offset, len) in rebuilt.unverified {
                 placed.pending[p].push(PendingReplica {
@@ -191,21 +280,44 @@ impl MasterService {
                     settled: false,
                 });
             }
-            placed
-                .keys
-                .push((record.tenant.clone(), record.key.into_boxed_str()));
+            let key = std::mem::take(&mut record.key).into_boxed_str();
+            placed.keys.push((record.tenant.clone(), key));
         }
-        placed.buckets[shard_of(hash)].push((record.tenant, hash, entry));
+        placed.buckets[shard_of(hash)].push((record.tenant.take(), hash, entry));
     }
 
-    /// Inserts the buckets, one write lock per shard. (A duplicate key keeps its first record;
-    /// the entries the second left among the pending verifications are stale, so harmless.)
-    pub(super) fn insert_buckets(&self, placed: &mut Placed, report: &mut RestoreReport) {
-        for (i, bucket) in std::mem::take(&mut placed.buckets).into_iter().enumerate() {
+    /// Inserts the buckets, one write lock per shard, the shards in two halves run by `join`.
+    /// (A duplicate key keeps its first record; the entries the second left among the pending
+    /// verifications are stale, so harmless.)
+    pub(super) fn insert_buckets(
+        &self,
+        placed: &mut Placed,
+        report: &mut RestoreReport,
+        join: Option<Join>,
+    ) {
+        let mut buckets = std::mem::take(&mut placed.buckets);
+        let (low, high) = buckets.split_at_mut(SHARD_COUNT / 2);
+        let (mut a, mut b) = ((0, 0, 0), (0, 0, 0));
+        both(
+            join,
+            || a = self.insert_shards(low, 0),
+            || b = self.insert_shards(high, SHARD_COUNT / 2),
+        );
+        report.objects += a.0 + b.0;
+        report.unverified_replicas += a.1 + b.1;
+        report.dropped.invalid_objects += a.2 + b.2;
+    }
+
+    /// Inserts `buckets` (those of the shards from `first` on); returns the objects inserted,
+    /// their unverified replicas, and the duplicates refused.
+    fn insert_shards(&self, buckets: &mut [Vec<Bucketed>], first: usize) -> (usize, usize, usize) {
+        let (mut objects, mut unverified, mut duplicates) = (0, 0, 0);
+        for (i, bucket) in buckets.iter_mut().enumerate() {
+            let bucket = std::mem::take(bucket);
             if bucket.is_empty() {
                 continue;
             }
-            let mut shard = self.index.shard_at(i).write();
+            let mut shard = self.index.shard_at(first + i).write();
             let defaults = bucket.iter().filter(|(t, _, _)| t.is_none()).count();
             shard
                 .tenant_or_insert(Tenant::Default)
@@ -214,15 +326,15 @@ impl MasterService {
                 let tenant = Tenant::of(tenant_id.as_ref());
                 let state = shard.tenant_or_insert(tenant);
                 if state.find(hash, &entry.key).is_some() {
-                    report.dropped.invalid_objects += 1;
+                    duplicates += 1;
                     continue;
                 }
-                report.objects += 1;
-                report.unverified_replicas +=
-                    entry.meta.replicas.iter().filter(|r| r.unverified).count();
+                objects += 1;
+                unverified += entry.meta.replicas.iter().filter(|r| r.unverified).count();
                 state.insert(tenant, hash, entry);
             }
         }
+        (objects, unverified, duplicates)
     }
 
     /// The discarded list: the snapshot's entries (with the handles the rebuild gave them), then
@@ -255,21 +367,39 @@ impl MasterService {
         }
     }
 
-    /// Installs the pending verifications by segment (the counters start again).
+    /// Installs the pending verifications by segment (each list sorted by replica id, the
+    /// segments in two halves run by `join`; the counters start again).
     pub(super) fn install_pending(
         &self,
         segs: &Segments,
         pending: Vec<Vec<PendingReplica>>,
-        keys: Vec<(Option<TenantId>, Box<str>)>,
+        keys: Keys,
         verify_timeout_ms: u64,
+        join: Option<Join>,
     ) {
+        let mut lists: Vec<_> = segs
+            .records
+            .iter()
+            .map(|s| s.segment.id)
+            .zip(pending)
+            .filter(|(_, list)| !list.is_empty())
+            .map(|(id, list)| (id, Some(list), None))
+            .collect();
+        let mid = lists.len() / 2;
+        let (low, high) = lists.split_at_mut(mid);
+        let build = |part: &mut [(_, Option<Vec<PendingReplica>>, Option<PendingSegment>)]| {
+            for (_, list, built) in part {
+                *built = list.take().map(PendingSegment::new);
+            }
+        };
+        both(join, || build(low), || build(high));
         let mut u = self.unverified.lock();
         u.verify_timeout_ms = verify_timeout_ms;
         u.stats = VerificationStats::default();
         u.keys = keys;
-        for (seg, list) in segs.records.iter().zip(pending) {
-            if !list.is_empty() {
-                u.segments.insert(seg.segment.id, PendingSegment::new(list));
+        for (id, _, built) in lists {
+            if let Some(built) = built {
+                u.segments.insert(id, built);
             }
         }
     }
