@@ -74,6 +74,25 @@ class Master:
                 self.proc.wait(5)
 
 
+def with_store(args, local_buffer, workload):
+    """Starts a master (`args.master_cmd` with `args.extra`), sets up one store with a segment of
+    `args.segment`, runs `workload(store)`, scrapes the master's eviction counters and stops
+    both. Returns (the workload's result, the counters), the result None when setup failed."""
+    master = Master(shlex.split(args.master_cmd), args.extra)
+    store = MooncakeDistributedStore()
+    try:
+        rc = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, local_buffer, "tcp", "",
+                         master.addr)
+        if rc != 0:
+            print("setup failed: %d" % rc, file=sys.stderr)
+            return None, {}
+        result = workload(store)
+        return result, master.scrape()
+    finally:
+        store.close()
+        master.stop()
+
+
 def sizes(rng):
     """Log-uniform sizes in [MIN_SIZE, MAX_SIZE], 4 KiB aligned."""
     lo, hi = math.log(MIN_SIZE), math.log(MAX_SIZE)
@@ -98,20 +117,14 @@ def main():
     ap.add_argument("extra", nargs="*", help="extra master flags (after --)")
     args = ap.parse_args()
 
-    master = Master(shlex.split(args.master_cmd), args.extra)
-    store = MooncakeDistributedStore()
-    try:
-        rc = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, "64MB", "tcp", "",
-                         master.addr)
-        if rc != 0:
-            print("setup failed: %d" % rc, file=sys.stderr)
-            return 1
-        rng = random.Random(args.seed)
-        payload = memoryview(bytes(rng.getrandbits(8) for _ in range(4096)) * (MAX_SIZE // 4096))
-        codes = Counter()
-        lat = []
+    rng = random.Random(args.seed)
+    payload = memoryview(bytes(rng.getrandbits(8) for _ in range(4096)) * (MAX_SIZE // 4096))
+    gen = sizes(rng)
+    codes = Counter()
+    lat = []
+
+    def workload(store):
         put_bytes = 0
-        gen = sizes(rng)
         start = time.perf_counter()
         end = start + args.seconds
         i = 0
@@ -124,12 +137,12 @@ def main():
             if rc == 0:
                 put_bytes += size
             i += 1
-        wall = time.perf_counter() - start
-        metrics = master.scrape()
-    finally:
-        store.close()
-        master.stop()
+        return i, time.perf_counter() - start, put_bytes
 
+    result, metrics = with_store(args, "64MB", workload)
+    if result is None:
+        return 1
+    i, wall, put_bytes = result
     lat.sort()
     failed = i - codes[0]
     print("puts %d in %.1f s (%.0f/s, %.0f MiB/s stored, store %s)"

@@ -226,6 +226,45 @@ impl MasterClient {
         .await
     }
 
+    /// GetReplicaList with a read pin instead of the lease, releasing `release` first
+    /// (methods 50–52, docs/wire.md).
+    pub async fn get_replica_list_pinned(
+        &self,
+        key: &str,
+        tenant: &str,
+        release: Vec<String>,
+    ) -> Result<GetReplicaListResponse, MasterError> {
+        self.call(&m::GetReplicaListPinned {
+            key: key.to_string(),
+            tenant: tenant.to_string(),
+            release,
+        })
+        .await
+    }
+
+    pub async fn batch_get_replica_list_pinned(
+        &self,
+        keys: Vec<String>,
+        tenant: &str,
+        release: Vec<String>,
+    ) -> Result<Vec<Result<GetReplicaListResponse, ErrorCode>>, MasterError> {
+        self.call(&m::BatchGetReplicaListPinned {
+            keys,
+            tenant: tenant.to_string(),
+            release,
+        })
+        .await
+    }
+
+    /// Releases one read pin of each key; answers how many keys the master found.
+    pub async fn release_reads(&self, keys: Vec<String>, tenant: &str) -> Result<u64, MasterError> {
+        self.call(&m::ReleaseReads {
+            keys,
+            tenant: tenant.to_string(),
+        })
+        .await
+    }
+
     /// PutStart (or UpsertStart): allocates the replicas of `key`; the caller then writes them
     /// and ends the write with [`MasterClient::write_end`] or [`MasterClient::write_revoke`].
     pub async fn write_start(

@@ -280,6 +280,7 @@ impl MasterService {
             size: record.size,
             put_start_ms: record.put_start_ms,
             lease_timeout_ms: AtomicU64::new(0),
+            read_pins: std::sync::atomic::AtomicU32::new(0),
             last_access_ms: AtomicU64::new(now_ms),
             soft_pin_deadline_ms: record.soft_pin_deadline_ms,
             checksum: 0,

@@ -7,9 +7,10 @@
 //!    min(max(target / 2, usage − hw), target)`.
 //! 2. Census (each shard under its read lock, one at a time): `base` = objects that are not
 //!    hard-pinned and have an evictable replica (COMPLETE, live, MEMORY, `refcnt == 0`); the
-//!    candidates are those of them that are also unleased, not being written (no PROCESSING
-//!    replica, no copy/move task), in two lists: not soft-pinned, and soft-pinned. Only
-//!    `(last_access, bytes)` pairs are collected — no keys, no allocation per object.
+//!    candidates are those of them that are also unleased and without a read pin, not being
+//!    written (no PROCESSING replica, no copy/move task), in two lists: not soft-pinned, and
+//!    soft-pinned. Only `(last_access, bytes)` pairs are collected — no keys, no allocation per
+//!    object.
 //! 3. Pass 1: the `ceil(base × target)` oldest unpinned candidates. The cut-off access time is
 //!    found by selection (O(n)), then each shard is walked once under its write lock, evicting
 //!    the candidates older than the cut-off (ties up to the count), re-checked under the lock.
@@ -37,7 +38,7 @@ use crate::allocator::{BufferHandle, SegmentAllocator};
 
 use crate::handle::MasterService;
 use crate::index::{Tenant, TenantState, SHARD_COUNT};
-use crate::object::{ObjectMetadata, Replica, ReplicaData, FLAG_HARD_PIN};
+use crate::object::{ObjectMetadata, ReadEpoch, Replica, ReplicaData, FLAG_HARD_PIN};
 
 /// What one eviction cycle did.
 #[derive(Debug, Clone, Copy, Default, PartialEq)]
@@ -109,11 +110,11 @@ fn evictable_bytes(meta: &ObjectMetadata) -> u64 {
 }
 
 /// The candidate class of an object, `None` when eviction must not take it now.
-fn classify(meta: &ObjectMetadata, now_ms: u64) -> Option<(Class, u64)> {
+fn classify(meta: &ObjectMetadata, now_ms: u64, at: ReadEpoch) -> Option<(Class, u64)> {
     if meta.has(FLAG_HARD_PIN) || meta.is_processing() || meta.has_task() {
         return None;
     }
-    if meta.is_leased(now_ms) {
+    if meta.is_leased(now_ms) || meta.is_read_pinned(at) {
         return None;
     }
     let bytes = evictable_bytes(meta);
@@ -215,6 +216,7 @@ impl MasterService {
             },
         };
         let mut examined = 0usize;
+        let at = self.read_epoch(now_ms);
         for i in window.shards() {
             if examined >= budget {
                 break;
@@ -234,7 +236,7 @@ impl MasterService {
                         continue;
                     }
                     c.base += 1;
-                    if let Some((class, bytes)) = classify(m, now_ms) {
+                    if let Some((class, bytes)) = classify(m, now_ms, at) {
                         let access = m.last_access_ms.load(Ordering::Relaxed);
                         match class {
                             Class::Plain => c.plain.push((access, bytes)),
@@ -259,11 +261,12 @@ impl MasterService {
         if self.routes.len() == 0 || !state.objects.iter().any(|e| e.meta.group().is_some()) {
             return None;
         }
+        let at = self.read_epoch(now_ms);
         // group → (all admitted, oldest access)
         let mut groups: HashMap<Box<str>, (bool, u64)> = HashMap::new();
         for e in state.objects.iter() {
             let Some(g) = e.meta.group() else { continue };
-            let admitted = classify(&e.meta, now_ms).is_some_and(|(c, _)| sel.admits(c));
+            let admitted = classify(&e.meta, now_ms, at).is_some_and(|(c, _)| sel.admits(c));
             let access = e.meta.last_access_ms.load(Ordering::Relaxed);
             let slot = groups.entry(Box::from(g)).or_insert((true, u64::MAX));
             slot.0 &= admitted;
@@ -291,6 +294,7 @@ impl MasterService {
         window: ShardWindow,
     ) -> PassResult {
         let mut res = PassResult::default();
+        let at = self.read_epoch(now_ms);
         // Evicted buffers, freed in batches per segment (sorted and merged) after each shard.
         let mut freed: Vec<(Weak<SegmentAllocator>, u64, u64)> = Vec::new();
         for i in window.shards() {
@@ -319,7 +323,7 @@ impl MasterService {
                             let access = m.last_access_ms.load(Ordering::Relaxed);
                             res.objects < max_objects
                                 && access <= sel.cut_off_ms
-                                && classify(m, now_ms).is_some_and(|(c, _)| sel.admits(c))
+                                && classify(m, now_ms, at).is_some_and(|(c, _)| sel.admits(c))
                                 && sel.choose(access)
                         }
                     };

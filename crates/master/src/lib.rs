@@ -49,6 +49,7 @@ mod put_end;
 mod put_timeouts;
 pub mod quota;
 mod read;
+mod read_pins;
 mod remove;
 mod replication;
 mod restore;

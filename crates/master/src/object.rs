@@ -1,7 +1,7 @@
 //! Object metadata as the master keeps it: one [`ObjectEntry`] per object, boxed in its shard's
 //! table, kept small (see docs/master.md, "memory per object").
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
 use mooncake_common::{
     ClientId, DataType, DfsDescriptor, DiskDescriptor, LocalDiskDescriptor, MemoryDescriptor,
@@ -182,6 +182,30 @@ pub(crate) const FLAG_HARD_PIN: u8 = 1;
 pub(crate) const FLAG_HAS_CHECKSUM: u8 = 2;
 pub(crate) const FLAG_PROCESSING: u8 = 4;
 
+/// The read-pin epoch of a moment: the master clock in slices of half the lease TTL, mod 2^16.
+/// A pin taken in epoch `e` holds while the epoch is `e`, `e + 1` or `e + 2`: between one and one
+/// and a half TTLs after the last pin of the object, the backstop for a reader that never
+/// releases (docs/master.md "Read pins").
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct ReadEpoch(pub u16);
+
+impl ReadEpoch {
+    pub fn at(now_ms: u64, lease_ttl_ms: u64) -> ReadEpoch {
+        ReadEpoch((now_ms / (lease_ttl_ms / 2).max(1)) as u16)
+    }
+
+    /// How many epochs `self` lies after the last pin of the pins word `w` (negative: a
+    /// concurrent reader's clock was a little ahead).
+    fn since(self, w: u32) -> i16 {
+        self.0.wrapping_sub((w >> 16) as u16) as i16
+    }
+
+    /// Whether the pins word `w` was last pinned within two epochs of `self`.
+    fn is_fresh(self, w: u32) -> bool {
+        (-2..=2).contains(&self.since(w))
+    }
+}
+
 /// The metadata of one object.
 #[derive(Debug)]
 pub(crate) struct ObjectMetadata {
@@ -194,6 +218,9 @@ pub(crate) struct ObjectMetadata {
     pub lease_timeout_ms: AtomicU64,
     /// Last completed write or successful read (ms); eviction order.
     pub last_access_ms: AtomicU64,
+    /// Read pins of this client's reads in flight: `epoch << 16 | count` (see [`ReadPins`]).
+    /// Not state (as the lease).
+    pub read_pins: AtomicU32,
     /// Soft-pin deadline (ms); 0 = not pinned.
     pub soft_pin_deadline_ms: u64,
     /// Valid when `FLAG_HAS_CHECKSUM` is set.
@@ -349,6 +376,45 @@ impl ObjectMetadata {
         }
     }
 
+    /// Whether a read pin of `at` (or one or two epochs earlier) is held.
+    pub fn is_read_pinned(&self, at: ReadEpoch) -> bool {
+        let w = self.read_pins.load(Ordering::Relaxed);
+        w & 0xFFFF != 0 && at.is_fresh(w)
+    }
+
+    /// Pins the object for one read: the count rises (from 1 when the last pin went stale) and
+    /// the epoch becomes `at`.
+    pub fn pin_read(&self, at: ReadEpoch) {
+        let _ = self
+            .read_pins
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                let (epoch, count) = if w & 0xFFFF == 0 || !at.is_fresh(w) {
+                    (u32::from(at.0), 0)
+                } else if at.since(w) < 0 {
+                    (w >> 16, w & 0xFFFF)
+                } else {
+                    (u32::from(at.0), w & 0xFFFF)
+                };
+                Some(epoch << 16 | (count + 1).min(0xFFFF))
+            });
+    }
+
+    /// Releases one read pin (nothing when none is held or they went stale).
+    pub fn unpin_read(&self, at: ReadEpoch) {
+        let _ = self
+            .read_pins
+            .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |w| {
+                let count = w & 0xFFFF;
+                if count == 0 {
+                    None
+                } else if at.is_fresh(w) {
+                    Some(w - 1)
+                } else {
+                    Some(w & !0xFFFF)
+                }
+            });
+    }
+
     pub fn touch(&self, now_ms: u64) {
         if self.last_access_ms.load(Ordering::Relaxed) < now_ms {
             self.last_access_ms.fetch_max(now_ms, Ordering::Relaxed);
@@ -498,6 +564,45 @@ impl ObjectInfo {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn read_pins_count_readers_and_lapse_two_epochs_after_the_last_pin() {
+        let e = ReadEpoch;
+        let word = |p: &AtomicU32| p.load(Ordering::Relaxed);
+        // Two readers at epoch 65535 (wrapping next), one released at epoch 0.
+        let m = ObjectMetadata {
+            client_id: ClientId::new(1, 1),
+            size: 1,
+            put_start_ms: 0,
+            lease_timeout_ms: AtomicU64::new(0),
+            last_access_ms: AtomicU64::new(0),
+            read_pins: AtomicU32::new(0),
+            soft_pin_deadline_ms: 0,
+            checksum: 0,
+            flags: 0,
+            data_type: DataType::default(),
+            extra: None,
+            replicas: SmallVec::new(),
+        };
+        m.pin_read(e(65535));
+        m.pin_read(e(65535));
+        assert_eq!(word(&m.read_pins) & 0xFFFF, 2);
+        m.unpin_read(e(0));
+        assert!(m.is_read_pinned(e(1)), "one reader left, one epoch later (wrapped)");
+        assert!(!m.is_read_pinned(e(2)), "three epochs after the last pin: lapsed");
+        // A reader whose clock is a little behind keeps the later epoch and the count.
+        m.pin_read(e(10));
+        m.pin_read(e(9));
+        assert_eq!(word(&m.read_pins), 10 << 16 | 2);
+        // A pin on a lapsed count starts from one; a release on one clears it.
+        m.pin_read(e(20));
+        assert_eq!(word(&m.read_pins), 20 << 16 | 1);
+        m.unpin_read(e(30));
+        assert_eq!(word(&m.read_pins) & 0xFFFF, 0);
+        m.unpin_read(e(30));
+        assert!(!m.is_read_pinned(e(30)));
+        assert_eq!(ReadEpoch::at(12_345, 10_000), ReadEpoch(2));
+    }
 
     #[test]
     fn per_object_structs_stay_small() {

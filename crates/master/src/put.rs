@@ -424,6 +424,7 @@ impl MasterService {
                 size: args.slice_length,
                 put_start_ms: start.now_ms,
                 lease_timeout_ms: AtomicU64::new(0),
+                read_pins: std::sync::atomic::AtomicU32::new(0),
                 last_access_ms: AtomicU64::new(start.now_ms),
                 soft_pin_deadline_ms: carried.soft_pin_deadline_ms,
                 checksum: 0,

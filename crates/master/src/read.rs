@@ -24,7 +24,7 @@ impl MasterService {
     }
 
     /// The readable descriptors of an object, or the read error. No lease.
-    fn readable(meta: &ObjectMetadata) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
+    pub(crate) fn readable(meta: &ObjectMetadata) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let mut out = Vec::with_capacity(meta.replicas.len());
         let mut valid = false;
         let mut all_removed = true;
@@ -137,7 +137,7 @@ impl MasterService {
     }
 
     /// Runs `f` on every key's entry (or `None`), locking each involved shard once for reading.
-    fn for_each_by_shard(
+    pub(crate) fn for_each_by_shard(
         &self,
         tenant: Tenant<'_>,
         keys: &[String],
@@ -169,11 +169,28 @@ impl MasterService {
             Ok(t) => t,
             Err(code) => return vec![Err(code); keys.len()],
         };
+        self.batch_lookup(tenant, keys, |state, entry, now| {
+            self.get_entry(state, entry, now)
+        })
+    }
+
+    /// `get` on every key's entry (in input order, each shard locked once); a missing key is
+    /// OBJECT_NOT_FOUND.
+    pub(crate) fn batch_lookup(
+        &self,
+        tenant: Tenant<'_>,
+        keys: &[String],
+        mut get: impl FnMut(
+            Option<&TenantState>,
+            &ObjectEntry,
+            u64,
+        ) -> Result<GetReplicaListResponse, ErrorCode>,
+    ) -> Vec<Result<GetReplicaListResponse, ErrorCode>> {
         let now = self.clock.now_ms();
         let mut out = vec![Err(ErrorCode::OBJECT_NOT_FOUND); keys.len()];
         self.for_each_by_shard(tenant, keys, |i, state, entry| {
             if let Some(entry) = entry {
-                out[i] = self.get_entry(state, entry, now);
+                out[i] = get(state, entry, now);
             }
         });
         out

@@ -19,8 +19,14 @@ enum Verdict {
 }
 
 impl MasterService {
-    fn check_removable(meta: &ObjectMetadata, now_ms: u64, force: bool) -> Result<(), ErrorCode> {
-        if !force && meta.is_leased(now_ms) {
+    /// Upstream's Remove checks; a held read pin counts as a lease (`read_pins.rs`).
+    fn check_removable(
+        &self,
+        meta: &ObjectMetadata,
+        now_ms: u64,
+        force: bool,
+    ) -> Result<(), ErrorCode> {
+        if !force && (meta.is_leased(now_ms) || meta.is_read_pinned(self.read_epoch(now_ms))) {
             return Err(ErrorCode::OBJECT_HAS_LEASE);
         }
         if !meta.all_complete() {
@@ -43,7 +49,7 @@ impl MasterService {
         force: bool,
     ) -> Result<(), ErrorCode> {
         self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {
-            Self::check_removable(meta, now_ms, force)?;
+            self.check_removable(meta, now_ms, force)?;
             edit.erase();
             Ok(())
         })
@@ -152,7 +158,7 @@ impl MasterService {
         let re = Self::compile_pattern(pattern)?;
         let now = self.clock.now_ms();
         Ok(self.sweep(Some(tenant), |key, meta| {
-            if re.is_match(key) && Self::check_removable(meta, now, force).is_ok() {
+            if re.is_match(key) && self.check_removable(meta, now, force).is_ok() {
                 Verdict::Erase
             } else {
                 Verdict::Keep
@@ -174,7 +180,7 @@ impl MasterService {
         };
         let now = self.clock.now_ms();
         self.sweep(only, |_, meta| {
-            if Self::check_removable(meta, now, force).is_ok() {
+            if self.check_removable(meta, now, force).is_ok() {
                 Verdict::Erase
             } else {
                 Verdict::Keep
@@ -201,7 +207,11 @@ impl MasterService {
         let mut cleared = vec![false; keys.len()];
         self.for_each_key_locked(tenant, keys, |i, shard, hash, key| {
             let done = self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {
-                if meta.client_id != client || meta.is_leased(now) || meta.has_task() {
+                if meta.client_id != client
+                    || meta.is_leased(now)
+                    || meta.is_read_pinned(self.read_epoch(now))
+                    || meta.has_task()
+                {
                     return Ok(false);
                 }
                 if segment_name.is_empty() {

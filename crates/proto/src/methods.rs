@@ -203,6 +203,20 @@ methods! {
             }
             Ok(())
         };
+    /// GetReplicaList for a read the caller completes and then releases: a read pin instead of
+    /// the read lease (docs/master.md "Read pins"). `release` carries the caller's finished reads
+    /// (one pin each), released before the lookup. Ours: upstream has only the lease.
+    50 GetReplicaListPinned { key: String, tenant: String, release: Vec<String> }
+        -> GetReplicaListResponse,
+        limits(s, l) { check_key(&s.key, l)?; check_keys(&s.release, l) };
+    /// BatchGetReplicaList with read pins, releasing `release` first. Ours.
+    51 BatchGetReplicaListPinned { keys: Vec<String>, tenant: String, release: Vec<String> }
+        -> Vec<Result<GetReplicaListResponse, ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l)?; check_keys(&s.release, l) };
+    /// Releases one read pin of each key (the caller's finished reads); answers how many keys
+    /// were found. Ours.
+    52 ReleaseReads { keys: Vec<String>, tenant: String } -> u64,
+        limits(s, l) { check_keys(&s.keys, l) };
 }
 
 /// The token bytes `Authenticate` carries (postcard: a varint length, then the bytes). `Debug`

@@ -28,6 +28,9 @@ pub fn max_request_frame_bytes(method: u16) -> usize {
     match method {
         m::BatchExistKey::ID
         | m::BatchGetReplicaList::ID
+        | m::GetReplicaListPinned::ID
+        | m::BatchGetReplicaListPinned::ID
+        | m::ReleaseReads::ID
         | m::BatchPutStart::ID
         | m::BatchPutEnd::ID
         | m::BatchPutRevoke::ID

@@ -368,6 +368,9 @@ fn method_id_table_is_pinned() {
         (45, "ConfirmReplicas"),
         (46, "TakeSnapshot"),
         (47, "Authenticate"),
+        (50, "GetReplicaListPinned"),
+        (51, "BatchGetReplicaListPinned"),
+        (52, "ReleaseReads"),
     ];
     assert_eq!(METHODS, expected);
 }

@@ -141,6 +141,43 @@ impl Handler for MasterRpc {
                     }
                 },
             ),
+            m::GetReplicaListPinned::ID => self.serve_observed(
+                body,
+                out,
+                |ms, r: &m::GetReplicaListPinned| {
+                    ms.release_reads(&r.release, &r.tenant);
+                    ms.get_replica_list_pinned(&r.key, &r.tenant)
+                },
+                |metrics, _, reply| {
+                    metrics.record(m::GetReplicaListPinned::ID, reply.is_err());
+                    metrics.record_get(reply);
+                },
+            ),
+            m::BatchGetReplicaListPinned::ID => self.serve_observed(
+                body,
+                out,
+                |ms, r: &m::BatchGetReplicaListPinned| {
+                    ms.release_reads(&r.release, &r.tenant);
+                    Ok(ms.batch_get_replica_list_pinned(&r.keys, &r.tenant))
+                },
+                |metrics, r, reply| {
+                    let failed = reply
+                        .as_ref()
+                        .map_or(0, |v| v.iter().filter(|x| x.is_err()).count());
+                    metrics.record_batch(
+                        m::BatchGetReplicaListPinned::ID,
+                        r.keys.len(),
+                        failed,
+                        reply.is_err(),
+                    );
+                    if let Ok(results) = reply {
+                        results.iter().for_each(|x| metrics.record_get(x));
+                    }
+                },
+            ),
+            m::ReleaseReads::ID => self.serve(body, out, |ms, r: &m::ReleaseReads| {
+                Ok(ms.release_reads(&r.keys, &r.tenant) as u64)
+            }),
             m::GetReplicaListByRegex::ID => {
                 self.serve(body, out, |ms, r: &m::GetReplicaListByRegex| {
                     let mut found: Vec<_> = ms

@@ -11,6 +11,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use super::addressing::{segment_base, MAX_SEGMENT_BYTES};
+use super::pins;
 use super::verify::verify_restored;
 use super::{Inner, MountedSegment, StoreClient, StoreError};
 
@@ -206,6 +207,7 @@ pub(super) async fn heartbeat_loop(inner: std::sync::Weak<Inner>, period: Durati
         if inner.closed.load(Ordering::Acquire) {
             return;
         }
+        pins::release_finished(&inner).await;
         match heartbeat_once(&inner).await {
             Ok(_) => {
                 inner.stats.heartbeats_ok.fetch_add(1, Ordering::Relaxed);

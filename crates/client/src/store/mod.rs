@@ -32,6 +32,7 @@ mod endpoints;
 mod error;
 mod heartbeat;
 mod metadata;
+mod pins;
 mod ranges;
 mod read;
 mod sessions;
@@ -173,6 +174,9 @@ struct Inner {
     /// Re-mounted, and the restored replicas of the segments not yet checked.
     verify_pending: AtomicBool,
     stats: StoreStats,
+    /// Keys whose pinned read finished, to release with the next pinned read or heartbeat
+    /// (`pins.rs`).
+    finished_reads: Mutex<Vec<String>>,
 }
 
 /// An async store client. Cheap to clone; all clones share one connection and engine.
@@ -331,6 +335,7 @@ impl StoreClient {
             was_ok: AtomicBool::new(false),
             verify_pending: AtomicBool::new(false),
             stats: StoreStats::default(),
+            finished_reads: Mutex::new(Vec::new()),
             config,
         });
         let client = StoreClient {
@@ -437,6 +442,7 @@ impl StoreClient {
         if let Some(task) = self.heartbeat.lock().take() {
             task.abort();
         }
+        self.release_finished_reads().await;
         // Half-written objects of open put sessions must not stay reserved at the master.
         self.revoke_all_put_sessions().await;
         let segments: Vec<MountedSegment> = std::mem::take(&mut *self.inner.segments.lock());

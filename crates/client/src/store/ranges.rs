@@ -80,7 +80,7 @@ impl StoreClient {
         fragments: &mut [RangeRead<'_>],
     ) -> Vec<Result<u64, StoreError>> {
         let asked = Instant::now();
-        let located: Vec<Result<Located, StoreError>> = match self.locate_batch(keys).await {
+        let located: Vec<Result<Located, StoreError>> = match self.locate_batch(keys, false).await {
             Ok(located) => located
                 .into_iter()
                 .map(|entry| {

@@ -30,12 +30,20 @@ impl StoreClient {
     pub async fn get(&self, key: &str) -> Result<Vec<u8>, StoreError> {
         self.check_open()?;
         let asked = Instant::now();
-        let response = self
-            .inner
-            .master
-            .get_replica_list(key, self.tenant())
-            .await?;
-        let size = object_size(key, &response)?;
+        let response = self.locate_pinned(key).await?;
+        let read = self.get_located(key, asked, &response).await;
+        self.finish_reads([key]);
+        read
+    }
+
+    /// The read leg of [`StoreClient::get`].
+    async fn get_located(
+        &self,
+        key: &str,
+        asked: Instant,
+        response: &GetReplicaListResponse,
+    ) -> Result<Vec<u8>, StoreError> {
+        let size = object_size(key, response)?;
         // The object lands in memory this client allocates: the local_buffer_size cap applies.
         self.check_staging(std::iter::empty(), size)?;
         let len = usize::try_from(size)
@@ -43,11 +51,11 @@ impl StoreClient {
         // No zero fill: the transfer writes every byte, and the length is set only after it did.
         let mut out: Vec<u8> = Vec::with_capacity(len);
         let crc = self
-            .read_with_fallback(&response, out.as_mut_ptr() as usize, len, 0)
+            .read_with_fallback(response, out.as_mut_ptr() as usize, len, 0)
             .await?;
         // SAFETY: the read succeeded, so the engine wrote all `len` bytes of the capacity.
         unsafe { out.set_len(len) };
-        self.check_read(key, &response, asked, &out, crc)?;
+        self.check_read(key, response, asked, &out, crc)?;
         Ok(out)
     }
 
@@ -55,12 +63,21 @@ impl StoreClient {
     pub async fn get_into(&self, key: &str, buffer: &mut [u8]) -> Result<u64, StoreError> {
         self.check_open()?;
         let asked = Instant::now();
-        let response = self
-            .inner
-            .master
-            .get_replica_list(key, self.tenant())
-            .await?;
-        let size = object_size(key, &response)?;
+        let response = self.locate_pinned(key).await?;
+        let read = self.get_into_located(key, asked, &response, buffer).await;
+        self.finish_reads([key]);
+        read
+    }
+
+    /// The read leg of [`StoreClient::get_into`].
+    async fn get_into_located(
+        &self,
+        key: &str,
+        asked: Instant,
+        response: &GetReplicaListResponse,
+        buffer: &mut [u8],
+    ) -> Result<u64, StoreError> {
+        let size = object_size(key, response)?;
         if (buffer.len() as u64) < size {
             return Err(StoreError::BufferTooSmall {
                 buffer_bytes: buffer.len() as u64,
@@ -72,11 +89,11 @@ impl StoreClient {
             size,
         )?;
         let destination = &mut buffer[..size as usize];
-        match self.read_into(key, &response, asked, destination).await {
+        match self.read_into(key, response, asked, destination).await {
             Err(StoreError::Transfer(TransferError::Overlap { .. })) => {
                 // The buffer overlaps memory a concurrent operation registered: read privately.
                 let mut private = vec![0u8; destination.len()];
-                self.read_into(key, &response, asked, &mut private).await?;
+                self.read_into(key, response, asked, &mut private).await?;
                 destination.copy_from_slice(&private);
             }
             other => other?,
@@ -87,10 +104,11 @@ impl StoreClient {
     /// Reads many objects: one master round trip, then one transfer batch.
     pub async fn get_batch(&self, keys: &[&str]) -> Vec<Result<Vec<u8>, StoreError>> {
         let asked = Instant::now();
-        let located = match self.locate_batch(keys).await {
+        let located = match self.locate_batch(keys, true).await {
             Ok(located) => located,
             Err(error) => return keys.iter().map(|_| Err(error.clone())).collect(),
         };
+        let pinned = pinned_keys(keys, &located);
         let mut buffers: Vec<Result<PendingRead, StoreError>> = located
             .into_iter()
             .map(|entry| {
@@ -128,6 +146,7 @@ impl StoreClient {
             };
             results.push(outcome);
         }
+        self.finish_reads(pinned);
         results
     }
 
@@ -168,10 +187,11 @@ impl StoreClient {
         F: FnOnce(&[Option<u64>]) -> Vec<Option<&'b mut [u8]>>,
     {
         let asked = Instant::now();
-        let located = match self.locate_batch(keys).await {
+        let located = match self.locate_batch(keys, true).await {
             Ok(located) => located,
             Err(error) => return keys.iter().map(|_| Err(error.clone())).collect(),
         };
+        let pinned = pinned_keys(keys, &located);
         let sizes: Vec<Option<u64>> = located
             .iter()
             .map(|r| r.as_ref().ok().map(|(size, _)| *size))
@@ -239,6 +259,7 @@ impl StoreClient {
             };
             results.push(outcome);
         }
+        self.finish_reads(pinned);
         results
     }
 
@@ -272,17 +293,24 @@ impl StoreClient {
     }
 
     /// One master round trip for a batch read: each key's size and replicas, in key order.
+    /// `pinned`: with read pins (the caller releases every key located, `pins.rs`), else with
+    /// the read lease (sessions, which keep descriptors across calls).
     pub(super) async fn locate_batch(
         &self,
         keys: &[&str],
+        pinned: bool,
     ) -> Result<Vec<Result<(u64, GetReplicaListResponse), StoreError>>, StoreError> {
         self.check_open()?;
         let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
-        let responses = self
-            .inner
-            .master
-            .batch_get_replica_list(owned, self.tenant())
-            .await?;
+        let master = &self.inner.master;
+        let responses = if pinned {
+            let release = self.take_finished_reads();
+            master
+                .batch_get_replica_list_pinned(owned, self.tenant(), release)
+                .await?
+        } else {
+            master.batch_get_replica_list(owned, self.tenant()).await?
+        };
         if responses.len() != keys.len() {
             return Err(StoreError::InvalidParams(
                 "master answered a batch of the wrong length".into(),
@@ -480,6 +508,15 @@ impl StoreClient {
 }
 
 /// The size of an object from its readable replicas.
+/// The keys a pinned batch lookup pinned (those it located).
+fn pinned_keys<'k, T>(keys: &[&'k str], located: &[Result<T, StoreError>]) -> Vec<&'k str> {
+    keys.iter()
+        .zip(located)
+        .filter(|(_, r)| r.is_ok())
+        .map(|(k, _)| *k)
+        .collect()
+}
+
 pub(super) fn object_size(key: &str, response: &GetReplicaListResponse) -> Result<u64, StoreError> {
     response
         .replicas

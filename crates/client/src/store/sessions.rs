@@ -78,7 +78,7 @@ impl StoreClient {
     /// cannot be read (OBJECT_NOT_FOUND, …; such a key gets no session).
     pub async fn batch_get_session_start(&self, keys: &[&str]) -> Vec<Result<u64, StoreError>> {
         let asked = Instant::now();
-        let located = match self.locate_batch(keys).await {
+        let located = match self.locate_batch(keys, false).await {
             Ok(located) => located,
             Err(error) => return keys.iter().map(|_| Err(error.clone())).collect(),
         };
@@ -134,7 +134,7 @@ impl StoreClient {
         let mut looked_up = if missing.is_empty() {
             Vec::new()
         } else {
-            match self.locate_batch(&missing).await {
+            match self.locate_batch(&missing, false).await {
                 Ok(located) => located
                     .into_iter()
                     .map(|entry| {
