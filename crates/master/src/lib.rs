@@ -70,7 +70,7 @@ mod upsert;
 pub use apply::ApplyError;
 pub use audit::AccountingReport;
 pub use clients::PING_QUEUE_CAPACITY;
-pub use config::{ConfigError, MasterServiceConfig};
+pub use config::{ConfigError, MasterServiceConfig, DEFAULT_PUT_START_EVICT_BUDGET};
 pub use counters::MasterCounters;
 pub use eviction::EvictionReport;
 pub use export::{ObjectView, PlaceView, ReplicaView, TaskView};

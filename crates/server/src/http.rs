@@ -178,7 +178,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     let mut out = String::with_capacity(16 << 10);
     render_capacity(master, &census, &mut out);
     state.metrics.render(&mut out);
-    state.workers.render(&mut out);
+    state.workers.render(master.counters(), &mut out);
     state.snapshot_metrics.render(master, &mut out);
     let core = master.counters();
     crate::metrics::counter(
