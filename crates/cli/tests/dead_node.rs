@@ -1,6 +1,7 @@
 //! Puts while a node dies: a real `mooncake master`, two `mooncake store` nodes and this test
-//! process as the client. The client puts (single puts and batches) before and after one node
-//! is SIGKILLed; the master keeps the dead node mounted until its client TTL ends. Shown:
+//! process as the client. The client puts (single puts and batches; two writers at once after
+//! the kill) before and after one node is SIGKILLed; the master keeps the dead node mounted
+//! until its client TTL ends. Shown:
 //! every put acknowledged after the kill reads back byte-exact once the master has dropped the
 //! dead node (over shared memory a write into the dead node's still-mapped memory used to be
 //! acknowledged and then lost), and nearly every put after the kill succeeds (over TCP about
@@ -19,8 +20,8 @@ use std::time::{Duration, Instant};
 
 const VALUE_BYTES: usize = 64 << 10;
 /// Single puts after the kill, then batches of `BATCH` items.
-const SINGLE_PUTS_AFTER: usize = 160;
-const BATCHES_AFTER: usize = 10;
+const SINGLE_PUTS_AFTER: usize = 120;
+const BATCHES_AFTER: usize = 8;
 const BATCH: usize = 8;
 
 fn value(i: usize) -> Vec<u8> {
@@ -41,8 +42,9 @@ struct AfterKill {
     failures: Vec<String>,
 }
 
-/// Puts `after/…` keys (single puts, then batches), each bounded in time.
-async fn put_after_kill(c: &StoreClient, one: &ReplicateConfig) -> AfterKill {
+/// Puts `after/…` keys (single puts, then batches), each bounded in time; `stream` keeps the
+/// keys and values of concurrent callers apart.
+async fn put_after_kill(c: &StoreClient, one: &ReplicateConfig, stream: usize) -> AfterKill {
     let mut seen = AfterKill {
         acknowledged: Vec::new(),
         attempted: 0,
@@ -50,18 +52,20 @@ async fn put_after_kill(c: &StoreClient, one: &ReplicateConfig) -> AfterKill {
     };
     let limit = Duration::from_secs(60);
     for i in 0..SINGLE_PUTS_AFTER {
-        let key = format!("after/{i}");
-        let put = tokio::time::timeout(limit, c.put(&key, &value(1000 + i), one))
+        let seed = 10_000 * (stream + 1) + i;
+        let key = format!("after/{seed}");
+        let put = tokio::time::timeout(limit, c.put(&key, &value(seed), one))
             .await
             .expect("put hung after a node died");
         seen.attempted += 1;
         match put {
-            Ok(PutOutcome::Stored) => seen.acknowledged.push((key, 1000 + i)),
+            Ok(PutOutcome::Stored) => seen.acknowledged.push((key, seed)),
             other => seen.failures.push(format!("{key}: {other:?}")),
         }
     }
     for b in 0..BATCHES_AFTER {
-        let seeds: Vec<usize> = (0..BATCH).map(|j| 2000 + b * BATCH + j).collect();
+        let first = 10_000 * (stream + 1) + 5000 + b * BATCH;
+        let seeds: Vec<usize> = (first..first + BATCH).collect();
         let keys: Vec<String> = seeds.iter().map(|s| format!("batch/{s}")).collect();
         let values: Vec<Vec<u8>> = seeds.iter().map(|&s| value(s)).collect();
         let items: Vec<(&str, &[u8])> = keys
@@ -116,7 +120,13 @@ fn puts_survive_a_node_kill(transport: TransportMode) {
         doomed.signal(libc::SIGKILL);
         assert!(doomed.wait(Duration::from_secs(10)).is_some(), "no exit");
         let killed = Instant::now();
-        let after = put_after_kill(&c, &one).await;
+        // Two writers at once, so that both hit the dead node around the same time.
+        let (a, b) = tokio::join!(put_after_kill(&c, &one, 0), put_after_kill(&c, &one, 1));
+        let after = AfterKill {
+            acknowledged: [a.acknowledged, b.acknowledged].concat(),
+            attempted: a.attempted + b.attempted,
+            failures: [a.failures, b.failures].concat(),
+        };
         let put_for = killed.elapsed();
 
         // The master drops the dead node after its client TTL (bounded poll).
@@ -129,6 +139,13 @@ fn puts_survive_a_node_kill(transport: TransportMode) {
             assert!(Instant::now() < deadline, "dead node still mounted");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // The sweep forgot the dead node's suspicion with its segment.
+        let (status, metrics) = common::http("GET", master.metrics, "/metrics", b"");
+        assert_eq!(status, 200);
+        assert!(
+            metrics.lines().any(|l| l == "master_suspected_segments 0"),
+            "suspicion outlived the unmount"
+        );
         let mut lost = Vec::new();
         for (key, seed) in &after.acknowledged {
             match c.get(key).await {
