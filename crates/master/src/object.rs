@@ -588,8 +588,14 @@ mod tests {
         m.pin_read(e(65535));
         assert_eq!(word(&m.read_pins) & 0xFFFF, 2);
         m.unpin_read(e(0));
-        assert!(m.is_read_pinned(e(1)), "one reader left, one epoch later (wrapped)");
-        assert!(!m.is_read_pinned(e(2)), "three epochs after the last pin: lapsed");
+        assert!(
+            m.is_read_pinned(e(1)),
+            "one reader left, one epoch later (wrapped)"
+        );
+        assert!(
+            !m.is_read_pinned(e(2)),
+            "three epochs after the last pin: lapsed"
+        );
         // A reader whose clock is a little behind keeps the later epoch and the count.
         m.pin_read(e(10));
         m.pin_read(e(9));

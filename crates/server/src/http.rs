@@ -258,6 +258,12 @@ fn render_capacity(
         "Number of mounted segments",
         usage.len() as f64,
     );
+    gauge(
+        out,
+        "master_suspected_segments",
+        "Mounted segments out of placement after a reported transfer failure",
+        master.suspected_segments().len() as f64,
+    );
     let _ = writeln!(out, "# HELP segment_allocated_bytes Total memory bytes currently allocated of the segment\n# TYPE segment_allocated_bytes gauge");
     for u in &usage {
         let _ = writeln!(
