@@ -30,6 +30,19 @@ impl StoreClient {
         self.put_parts(key, &[value], config).await
     }
 
+    /// [`StoreClient::put`] that also says how many replicas it wrote: the number the master
+    /// placed, which may be fewer than `config.replica_num` (one per node at most, and only
+    /// where there is room); 0 when the key was already present.
+    pub async fn put_counted(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<(PutOutcome, usize), StoreError> {
+        self.write_parts_counted(WriteMode::Put, key, &[value], config)
+            .await
+    }
+
     /// Stores the concatenation of `parts` (no concatenation copy is made).
     pub async fn put_parts(
         &self,
@@ -87,7 +100,9 @@ impl StoreClient {
 
     /// The two-phase write of the concatenation of `parts` shared by put and upsert: start
     /// (allocate) → write every replica → end, or revoke on any failure. A put of a key that
-    /// exists (OBJECT_ALREADY_EXISTS) is `AlreadyPresent`; an upsert that succeeds is `Stored`.
+    /// exists (OBJECT_ALREADY_EXISTS) is `AlreadyPresent`; of a key another write holds in
+    /// flight, the error REPLICA_IS_NOT_READY (nothing stored); an upsert that succeeds is
+    /// `Stored`.
     pub async fn write_parts(
         &self,
         mode: WriteMode,
@@ -95,6 +110,19 @@ impl StoreClient {
         parts: &[&[u8]],
         config: &ReplicateConfig,
     ) -> Result<PutOutcome, StoreError> {
+        self.write_parts_counted(mode, key, parts, config)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`StoreClient::write_parts`] with the number of replicas written (0 when none).
+    async fn write_parts_counted(
+        &self,
+        mode: WriteMode,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Result<(PutOutcome, usize), StoreError> {
         self.check_open()?;
         let inner = &self.inner;
         let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
@@ -109,7 +137,7 @@ impl StoreClient {
             Err(MasterError::Master(ErrorCode::OBJECT_ALREADY_EXISTS))
                 if mode == WriteMode::Put =>
             {
-                return Ok(PutOutcome::AlreadyPresent)
+                return Ok((PutOutcome::AlreadyPresent, 0))
             }
             Err(error) => return Err(error.into()),
         };
@@ -124,7 +152,7 @@ impl StoreClient {
                     object_checksum: checksum,
                 };
                 master.write_end(mode, client, meta, tenant).await?;
-                Ok(PutOutcome::Stored)
+                Ok((PutOutcome::Stored, replicas.len()))
             }
             Err(error) => {
                 let _ = master.write_revoke(mode, client, key, tenant).await;
