@@ -520,8 +520,9 @@ fn eviction_makes_room_in_a_full_store() {
             .unwrap();
         mc.remount_segments(vec![], me).await.unwrap();
         // 8 MiB of 4 KiB objects into a 1 MiB store.
-        // A put that finds the store full is refused with NO_AVAILABLE_HANDLE and flags the
-        // eviction loop (10 ms); the retry then finds room. Every key must get in.
+        // A put that finds the store full evicts inline the oldest idle object and gets in
+        // (with --put_start_evict_budget=0 it would be refused with NO_AVAILABLE_HANDLE and
+        // retry after the 10 ms eviction loop). Every key must get in.
         let mut refused = 0;
         for i in 0..2048 {
             let key = format!("evict-{i}");
@@ -547,8 +548,8 @@ fn eviction_makes_room_in_a_full_store() {
                 }
             }
         }
-        // Eviction frees in steps of eviction_ratio, so refusals are a small fraction of puts.
-        assert!(refused < 1024, "{refused} refusals for 2048 puts");
+        // Every object is idle once written: inline eviction always finds room.
+        assert_eq!(refused, 0, "{refused} refusals for 2048 puts");
         // The newest objects are there, the oldest were evicted first.
         assert!(mc.exist_key("evict-2047", "").await.unwrap());
         assert!(!mc.exist_key("evict-0", "").await.unwrap());
@@ -566,6 +567,12 @@ fn eviction_makes_room_in_a_full_store() {
         .find_map(|l| l.strip_prefix("master_evicted_key_count "))
         .and_then(|v| v.trim().parse().ok())
         .unwrap();
+    let inline: f64 = body
+        .lines()
+        .find_map(|l| l.strip_prefix("master_put_start_inline_evictions_total "))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap();
+    assert!(inline > 0.0, "no inline eviction counted");
     assert!(
         evicted >= 1500.0,
         "only {evicted} evictions counted: {}",

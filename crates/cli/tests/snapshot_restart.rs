@@ -6,7 +6,7 @@
 
 mod common;
 
-use common::{http, signal, wait_exit, MasterOptions, MasterProcess, StoreNode, BIN};
+use common::{http, pattern, signal, wait_exit, MasterOptions, MasterProcess, StoreNode, BIN};
 
 /// The server's test-only pause after each snapshot chunk (milliseconds).
 const TEST_CHUNK_DELAY_ENV: &str = "MC_SNAPSHOT_TEST_CHUNK_DELAY_MS";
@@ -156,18 +156,6 @@ async fn client_with(port: u16, checksums: bool) -> StoreClient {
     })
     .await
     .unwrap()
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
 }
 
 /// Mixed sizes: 200 B, 1 KiB … 1 MiB.

@@ -5,7 +5,7 @@
 
 mod common;
 
-use common::{MasterProcess, StoreNode, BIN};
+use common::{pattern, MasterProcess, StoreNode, BIN};
 use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
 use mooncake_common::{ClientId, ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
@@ -38,18 +38,6 @@ async fn client_over(master: SocketAddr, transport: TransportMode) -> StoreClien
     })
     .await
     .unwrap()
-}
-
-fn pattern(len: usize, seed: u64) -> Vec<u8> {
-    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
-    (0..len)
-        .map(|_| {
-            state ^= state << 13;
-            state ^= state >> 7;
-            state ^= state << 17;
-            state as u8
-        })
-        .collect()
 }
 
 /// Runs a `mooncake` verb with a time limit.

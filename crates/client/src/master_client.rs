@@ -107,6 +107,19 @@ impl MasterClient {
         self.call(&m::Ping { client }).await
     }
 
+    /// ReportTransferFailure: this client failed to move bytes to a segment served at
+    /// `endpoint`; the master stops placing new replicas there until its owner pings. Returns
+    /// how many segments became suspected (a master without the method answers NOT_SUPPORTED).
+    pub async fn report_transfer_failure(
+        &self,
+        client: ClientId,
+        endpoint: &str,
+    ) -> Result<u64, MasterError> {
+        let endpoint = endpoint.to_string();
+        self.call(&m::ReportTransferFailure { client, endpoint })
+            .await
+    }
+
     pub async fn mount_segment(
         &self,
         segment: Segment,

@@ -33,7 +33,15 @@ pub struct MasterServiceConfig {
     pub eviction_ratio: f64,
     /// Eviction trigger (0.90). Used by eviction.
     pub eviction_high_watermark_ratio: f64,
+    /// Objects a PutStart that finds no space may examine for inline eviction
+    /// ([`DEFAULT_PUT_START_EVICT_BUDGET`]); 0 refuses at once with NO_AVAILABLE_HANDLE, as
+    /// upstream. Not an upstream setting.
+    pub put_start_evict_budget: usize,
 }
+
+/// Default of [`MasterServiceConfig::put_start_evict_budget`]: a census of this many objects
+/// costs tens of microseconds, and holds the oldest of them.
+pub const DEFAULT_PUT_START_EVICT_BUDGET: usize = 4096;
 
 impl Default for MasterServiceConfig {
     fn default() -> Self {
@@ -49,6 +57,7 @@ impl Default for MasterServiceConfig {
             client_live_ttl_sec: 10,
             eviction_ratio: 0.05,
             eviction_high_watermark_ratio: 0.90,
+            put_start_evict_budget: DEFAULT_PUT_START_EVICT_BUDGET,
         }
     }
 }

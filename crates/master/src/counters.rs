@@ -1,5 +1,5 @@
-//! Monotonic counters of events only the core sees (upstream's `master_put_start_*_cnt`), read
-//! by the server's `/metrics`. A component: plain atomics, never names `MasterService`.
+//! Monotonic counters of events only the core sees (upstream's `master_put_start_*_cnt`, inline
+//! eviction), read by the server's `/metrics`. A component: plain atomics, never names `MasterService`.
 
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -11,6 +11,13 @@ pub struct MasterCounters {
     put_start_discards: AtomicU64,
     /// Discarded puts whose buffers were freed at their release time.
     put_start_releases: AtomicU64,
+    /// PutStarts that ran inline eviction (found no space where a segment could hold the value).
+    inline_evictions: AtomicU64,
+    /// Of those, the ones that evicted at least one object.
+    inline_evictions_done: AtomicU64,
+    /// Objects and bytes inline eviction took.
+    inline_evicted_objects: AtomicU64,
+    inline_evicted_bytes: AtomicU64,
 }
 
 impl MasterCounters {
@@ -21,6 +28,36 @@ impl MasterCounters {
     pub(crate) fn count_releases(&self, puts: usize) {
         self.put_start_releases
             .fetch_add(puts as u64, Ordering::Relaxed);
+    }
+
+    pub(crate) fn count_inline_eviction(&self, objects: usize, bytes: u64) {
+        self.inline_evictions.fetch_add(1, Ordering::Relaxed);
+        if objects > 0 {
+            self.inline_evictions_done.fetch_add(1, Ordering::Relaxed);
+            self.inline_evicted_objects
+                .fetch_add(objects as u64, Ordering::Relaxed);
+            self.inline_evicted_bytes
+                .fetch_add(bytes, Ordering::Relaxed);
+        }
+    }
+
+    /// Inline evictions run (PutStarts that found no space, counted once each, whatever they
+    /// freed).
+    pub fn inline_evictions(&self) -> u64 {
+        self.inline_evictions.load(Ordering::Relaxed)
+    }
+
+    /// Inline evictions that evicted at least one object.
+    pub fn inline_evictions_done(&self) -> u64 {
+        self.inline_evictions_done.load(Ordering::Relaxed)
+    }
+
+    pub fn inline_evicted_objects(&self) -> u64 {
+        self.inline_evicted_objects.load(Ordering::Relaxed)
+    }
+
+    pub fn inline_evicted_bytes(&self) -> u64 {
+        self.inline_evicted_bytes.load(Ordering::Relaxed)
     }
 
     pub fn put_start_discards(&self) -> u64 {

@@ -24,12 +24,16 @@
 //! under the shard's lock (`seam.rs`). A group is evicted all-or-none: only when every member
 //! is a candidate of the pass (so no member is leased, pinned or busy) and one member is chosen.
 //! No lock is held across shards, so a reader of one shard waits at most one shard's scan.
+//!
+//! A PutStart that finds no space runs [`MasterService::place_after_inline_eviction`]: the same
+//! census and pass over a bounded run of shards, evicting oldest first in steps of the request's
+//! bytes until its placement succeeds (docs/master.md "Inline eviction").
 
 use std::collections::HashMap;
 use std::sync::atomic::Ordering;
 use std::sync::Weak;
 
-use crate::allocator::SegmentAllocator;
+use crate::allocator::{BufferHandle, SegmentAllocator};
 
 use crate::handle::MasterService;
 use crate::index::{Tenant, TenantState, SHARD_COUNT};
@@ -67,11 +71,32 @@ const FREE_BATCH: usize = 4096;
 /// `(last_access_ms, evictable bytes)` per candidate.
 type Candidates = Vec<(u64, u64)>;
 
-#[derive(Debug, Default)]
+#[derive(Debug)]
 struct Census {
     base: usize,
     plain: Candidates,
     soft: Candidates,
+    /// The shards it examined.
+    window: ShardWindow,
+}
+
+/// A run of consecutive shards (wrapping around the last), the unit a census examines and a
+/// pass walks.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+struct ShardWindow {
+    start: usize,
+    len: usize,
+}
+
+impl ShardWindow {
+    const ALL: ShardWindow = ShardWindow {
+        start: 0,
+        len: SHARD_COUNT,
+    };
+
+    fn shards(self) -> impl Iterator<Item = usize> {
+        (0..self.len).map(move |i| (self.start + i) % SHARD_COUNT)
+    }
 }
 
 /// Bytes eviction would free from this object, or 0 if it holds no evictable replica.
@@ -170,14 +195,31 @@ impl MasterService {
         }
     }
 
-    fn census(&self, only: Option<Tenant<'_>>, now_ms: u64) -> Census {
-        let hint = self.census_hint.load(Ordering::Relaxed);
+    /// The candidates of the shards of `window`, in order, stopping after the shard where the
+    /// objects examined reach `budget`; `window` of the result is the shards examined.
+    fn census(
+        &self,
+        only: Option<Tenant<'_>>,
+        now_ms: u64,
+        window: ShardWindow,
+        budget: usize,
+    ) -> Census {
+        let hint = self.census_hint.load(Ordering::Relaxed).min(budget);
         let mut c = Census {
             base: 0,
             plain: Vec::with_capacity(hint),
             soft: Vec::new(),
+            window: ShardWindow {
+                start: window.start,
+                len: 0,
+            },
         };
-        for i in 0..SHARD_COUNT {
+        let mut examined = 0usize;
+        for i in window.shards() {
+            if examined >= budget {
+                break;
+            }
+            c.window.len += 1;
             let shard = self.index.shard_at(i).read();
             for (tenant, state) in shard.tenants() {
                 if only.is_some_and(|t| t != tenant) {
@@ -186,6 +228,7 @@ impl MasterService {
                 let mut ahead = state.ahead();
                 for entry in state.objects.iter() {
                     ahead.step();
+                    examined += 1;
                     let m = &entry.meta;
                     if m.has(FLAG_HARD_PIN) || !m.replicas.iter().any(Replica::is_evictable) {
                         continue;
@@ -237,19 +280,20 @@ impl MasterService {
         )
     }
 
-    /// Walks every shard (of `only`, if given) once under its write lock, evicting what `sel`
-    /// chooses. Stops walking once `max_objects` have been evicted.
+    /// Walks the shards of `window` (of `only`, if given) once under their write locks, evicting
+    /// what `sel` chooses. Stops walking once `max_objects` have been evicted.
     fn evict_pass(
         &self,
         only: Option<Tenant<'_>>,
         mut sel: Selection,
         now_ms: u64,
         max_objects: usize,
+        window: ShardWindow,
     ) -> PassResult {
         let mut res = PassResult::default();
         // Evicted buffers, freed in batches per segment (sorted and merged) after each shard.
         let mut freed: Vec<(Weak<SegmentAllocator>, u64, u64)> = Vec::new();
-        for i in 0..SHARD_COUNT {
+        for i in window.shards() {
             if res.objects >= max_objects {
                 break;
             }
@@ -351,7 +395,7 @@ impl MasterService {
         report.triggered = true;
         let target = ratio.max(usage - hw + ratio);
         let lowerbound = (target * 0.5).max(usage - hw).min(target);
-        let mut census = self.census(None, now);
+        let mut census = self.census(None, now, ShardWindow::ALL, usize::MAX);
         self.census_hint.store(
             census.plain.len() + census.plain.len() / 8,
             Ordering::Relaxed,
@@ -376,6 +420,7 @@ impl MasterService {
                 },
                 now,
                 usize::MAX,
+                ShardWindow::ALL,
             );
             done.objects += r.objects;
             done.bytes += r.bytes;
@@ -397,6 +442,7 @@ impl MasterService {
                     },
                     now,
                     usize::MAX,
+                    ShardWindow::ALL,
                 );
                 done.objects += r.objects;
                 done.bytes += r.bytes;
@@ -412,6 +458,7 @@ impl MasterService {
                         },
                         now,
                         usize::MAX,
+                        ShardWindow::ALL,
                     );
                     done.objects += r.objects;
                     done.bytes += r.bytes;
@@ -427,6 +474,7 @@ impl MasterService {
                         },
                         now,
                         usize::MAX,
+                        ShardWindow::ALL,
                     );
                     done.objects += r.objects;
                     done.soft += r.soft;
@@ -445,13 +493,104 @@ impl MasterService {
         report
     }
 
+    /// Inline eviction for a PutStart that found no space for `need` bytes of replicas, each
+    /// `replica_size` long (docs/master.md "Inline eviction"). Unless no mounted segment could
+    /// ever hold one replica, it examines up to `put_start_evict_budget` objects of a run of
+    /// shards starting at a random one and evicts their idle candidates oldest first (the
+    /// background cycle's order: unpinned, then soft-pinned when allowed) in steps of `need`
+    /// bytes, calling `try_place` after each step; it stops at the first placement, which it
+    /// returns (empty when none succeeded).
+    pub(crate) fn place_after_inline_eviction(
+        &self,
+        replica_size: u64,
+        need: u64,
+        mut try_place: impl FnMut() -> Vec<BufferHandle>,
+    ) -> Vec<BufferHandle> {
+        let budget = self.config.put_start_evict_budget;
+        if budget == 0 || !self.some_segment_holds(replica_size) {
+            return Vec::new();
+        }
+        let _cycle = self.eviction_lock.lock();
+        // Whoever held the lock (the background cycle, another put) may have made room.
+        let handles = try_place();
+        if !handles.is_empty() {
+            return handles;
+        }
+        if self.release_discarded_once() > 0 {
+            let handles = try_place();
+            if !handles.is_empty() {
+                return handles;
+            }
+        }
+        let now = self.clock.now_ms();
+        let start = self.rng.below(SHARD_COUNT);
+        let window = ShardWindow {
+            start,
+            len: SHARD_COUNT,
+        };
+        let mut census = self.census(None, now, window, budget);
+        let window = census.window;
+        let allow_soft = self.config.allow_evict_soft_pinned_objects;
+        let mut done = PassResult::default();
+        let mut handles = Vec::new();
+        'classes: for (class, list) in [
+            (Class::Plain, &mut census.plain),
+            (Class::Soft, &mut census.soft),
+        ] {
+            if class == Class::Soft && !allow_soft {
+                break;
+            }
+            list.sort_unstable_by_key(|e| e.0);
+            let mut taken = 0;
+            while taken < list.len() {
+                let from = taken;
+                let mut bytes = 0u64;
+                while taken < list.len() && bytes < need {
+                    bytes += list[taken].1;
+                    taken += 1;
+                }
+                let cut_off_ms = list[taken - 1].0;
+                // The earlier steps took the older ones: this step's ties are its own.
+                let ties = list[from..taken]
+                    .iter()
+                    .filter(|e| e.0 == cut_off_ms)
+                    .count();
+                let sel = Selection {
+                    class,
+                    cut_off_ms,
+                    ties,
+                };
+                let r = self.evict_pass(None, sel, now, usize::MAX, window);
+                done.objects += r.objects;
+                done.bytes += r.bytes;
+                handles = try_place();
+                if !handles.is_empty() {
+                    break 'classes;
+                }
+            }
+        }
+        self.counters
+            .count_inline_eviction(done.objects, done.bytes);
+        handles
+    }
+
+    /// Whether some mounted segment is at least `bytes` long (else no eviction can make room).
+    fn some_segment_holds(&self, bytes: u64) -> bool {
+        let segs = self.segments.inner.read();
+        segs.mounted
+            .values()
+            .filter(|s| s.waiting_until_ms.is_none())
+            .filter_map(|s| s.allocator.as_ref())
+            .any(|a| a.capacity() >= bytes)
+    }
+
     /// Tenant-scoped eviction for a quota deficit: evicts the tenant's oldest unpinned candidates
     /// (then soft-pinned ones, when allowed) until `deficit_bytes` are freed. Returns the bytes
     /// freed.
     pub(crate) fn evict_for_tenant(&self, tenant: Tenant<'_>, deficit_bytes: u64) -> u64 {
         let _cycle = self.eviction_lock.lock();
         let now = self.clock.now_ms();
-        let mut census = self.census(Some(tenant), now);
+        let mut census = self.census(Some(tenant), now, ShardWindow::ALL, usize::MAX);
         let mut freed = 0u64;
         let allow_soft = self.config.allow_evict_soft_pinned_objects;
         for (class, list) in [
@@ -478,6 +617,7 @@ impl MasterService {
                 },
                 now,
                 usize::MAX,
+                ShardWindow::ALL,
             );
             freed += r.bytes;
         }

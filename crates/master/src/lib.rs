@@ -23,7 +23,8 @@
 //! the shared write-path helpers) and `apply` (apply, export). RPC families and background steps,
 //! each an `impl MasterService` over the components: `put` (PutStart phases), `put_end`,
 //! `put_timeouts` (discarded list, reaper), `upsert`, `read`, `remove`, `replication`
-//! (copy/move), `tasks_rpc`, `segment_rpc`, `liveness` (ping, client monitor), `restore`
+//! (copy/move), `tasks_rpc`, `segment_rpc`, `suspicion` (segments out of placement after a
+//! reported transfer failure), `liveness` (ping, client monitor), `restore`
 //! (bulk restore from a snapshot's state, verification, restore deadlines), `eviction`,
 //! `pins` (soft-pin expiry), `tenants` (quota admin), `audit` (checks). Dependencies go RPC
 //! family → handle → components. See docs/master.md.
@@ -59,6 +60,7 @@ mod segment_rpc;
 mod segments;
 mod stats;
 pub mod strategy;
+mod suspicion;
 pub mod tasks;
 mod tasks_rpc;
 mod tenants;
@@ -68,7 +70,7 @@ mod upsert;
 pub use apply::ApplyError;
 pub use audit::AccountingReport;
 pub use clients::PING_QUEUE_CAPACITY;
-pub use config::{ConfigError, MasterServiceConfig};
+pub use config::{ConfigError, MasterServiceConfig, DEFAULT_PUT_START_EVICT_BUDGET};
 pub use counters::MasterCounters;
 pub use eviction::EvictionReport;
 pub use export::{ObjectView, PlaceView, ReplicaView, TaskView};

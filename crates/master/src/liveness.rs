@@ -22,6 +22,7 @@ impl MasterService {
         if !self.clients.push(client) {
             return Err(ErrorCode::INTERNAL_ERROR);
         }
+        self.owner_alive(client);
         let client_status = if self.is_client_ok(client) {
             ClientStatus::OK
         } else {

@@ -4,7 +4,7 @@
 //! checks and order), [`MasterService::settle_existing`] (a live key is refused or pre-empted, an
 //! upsert rewrites in place or clears the old value), [`MasterService::charge_quota`] (with
 //! tenant-scoped eviction on a deficit), [`MasterService::place_replicas`] (the allocation
-//! strategy), [`MasterService::insert_started`] (the PROCESSING object enters the index and is
+//! strategy; with no space, inline eviction, `eviction.rs`), [`MasterService::insert_started`] (the PROCESSING object enters the index and is
 //! observed). PutEnd and PutRevoke are `put_end.rs`; the discarded list and the reaper
 //! `put_timeouts.rs`.
 
@@ -214,7 +214,21 @@ impl MasterService {
         if let Some(acc) = &account {
             self.charge_quota(acc, tenant, want)?;
         }
-        let handles = self.place_replicas(client, args, own_hash);
+        // Phase 4b (not upstream's): no space → inline eviction (`eviction.rs`), which walks
+        // the shards, so the key's shard is released and taken again to insert. Only a put that
+        // still finds no space sets the need-eviction flag.
+        let inline = self.config.put_start_evict_budget > 0;
+        let mut handles = self.place_replicas(client, args, own_hash, !inline);
+        let mut held = held;
+        if handles.is_empty() && inline {
+            held = None;
+            handles = self.place_after_inline_eviction(args.slice_length, want, || {
+                self.place_replicas(client, args, own_hash, false)
+            });
+            if handles.is_empty() {
+                handles = self.place_replicas(client, args, own_hash, true);
+            }
+        }
         if let Some(acc) = &account {
             acc.refund(want.saturating_sub(handles.iter().map(BufferHandle::len).sum()));
         }
@@ -320,12 +334,14 @@ impl MasterService {
     }
 
     /// Phase 4: up to `replica_num` buffers on distinct names (best effort). Nothing placed
-    /// while at least `replica_num` names exist sets the need-eviction flag.
+    /// while at least `replica_num` names exist sets the need-eviction flag when
+    /// `flag_on_failure` (the last try).
     fn place_replicas(
         &self,
         client: ClientId,
         args: &PutArgs<'_>,
         key_hash: u64,
+        flag_on_failure: bool,
     ) -> Vec<BufferHandle> {
         let config = args.config;
         let preferred_single;
@@ -360,7 +376,10 @@ impl MasterService {
             &req,
             &self.rng,
         );
-        if handles.is_empty() && segs.allocatable.name_count() >= config.replica_num {
+        if handles.is_empty()
+            && flag_on_failure
+            && segs.allocatable.name_count() >= config.replica_num
+        {
             self.need_eviction.store(true, Ordering::Relaxed);
         }
         handles

@@ -38,6 +38,7 @@ impl MasterService {
         if mounted == Mounted::Adopted {
             self.begin_verification(&[segment.id]);
         }
+        self.owner_alive(client);
         self.recompute_quotas();
         Ok(())
     }
@@ -67,6 +68,7 @@ impl MasterService {
             done.adopted
         };
         self.begin_verification(&adopted);
+        self.owner_alive(client);
         self.recompute_quotas();
         Ok(())
     }

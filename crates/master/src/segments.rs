@@ -63,6 +63,9 @@ pub(crate) struct Segments {
     pub client_host: HashMap<ClientId, String>,
     pub graceful: Vec<GracefulUnmount>,
     pub total_capacity_bytes: u64,
+    /// Segments a client failed to write (`suspicion.rs`): out of placement, still readable,
+    /// until their owner pings or mounts again, or they are unmounted.
+    pub suspected: HashSet<SegmentId>,
 }
 
 /// Result of a single mount.
@@ -194,7 +197,7 @@ impl Segments {
             return Err(ErrorCode::INVALID_PARAMS);
         }
         existing.waiting_until_ms = None;
-        if existing.status == SegmentStatus::OK {
+        if existing.status == SegmentStatus::OK && !self.suspected.contains(&segment.id) {
             if let Some(a) = &existing.allocator {
                 self.allocatable.insert(a.clone(), &existing.host_id);
             }
@@ -294,6 +297,7 @@ impl Segments {
         }
         seg.status = SegmentStatus::UNMOUNTING;
         self.graceful.retain(|g| g.segment_id != id);
+        self.suspected.remove(&id);
         Ok(Some(allocator))
     }
 
@@ -380,7 +384,10 @@ impl Segments {
         if let Some(a) = &seg.allocator {
             if seg.status == SegmentStatus::OK {
                 self.allocatable.remove(a, &seg.host_id);
-            } else if status == SegmentStatus::OK && seg.waiting_until_ms.is_none() {
+            } else if status == SegmentStatus::OK
+                && seg.waiting_until_ms.is_none()
+                && !self.suspected.contains(&id)
+            {
                 // A waiting segment joins placement only when its owner takes it back.
                 self.allocatable.insert(a.clone(), &seg.host_id);
             }

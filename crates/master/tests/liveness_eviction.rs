@@ -343,10 +343,12 @@ fn inv3_leased_hard_pinned_and_processing_are_never_evicted() {
 
 #[test]
 fn allocation_failure_sets_the_flag_and_a_cycle_lets_the_retry_succeed() {
-    // hw 1.0 disables the watermark: only the need-eviction flag triggers eviction.
+    // hw 1.0 disables the watermark: only the need-eviction flag triggers eviction. Inline
+    // eviction off (budget 0): the PutStart refuses, as upstream's.
     let config = MasterServiceConfig {
         eviction_high_watermark_ratio: 1.0,
         eviction_ratio: 0.1,
+        put_start_evict_budget: 0,
         ..Default::default()
     };
     let (clock, m) = full_store(config, 20, 100);

@@ -698,7 +698,13 @@ fn compare(m: &MasterService, model: &Model, history: &[Op]) {
 
 fn run(ops: &[Op], uniform: bool) {
     let clock = Arc::new(ManualClock::new(T0_MS));
-    let m = MasterService::with_seed(Default::default(), clock.clone(), test_seed()).unwrap();
+    // The model is upstream's PutStart, which refuses a full store (inline eviction off; it has
+    // its own tests in inline_eviction.rs, and the replay test runs it with the defaults).
+    let config = mooncake_master::MasterServiceConfig {
+        put_start_evict_budget: 0,
+        ..Default::default()
+    };
+    let m = MasterService::with_seed(config, clock.clone(), test_seed()).unwrap();
     let mut model = Model::default();
     for i in 1..=SEGMENTS {
         step(&m, &clock, &mut model, &Op::Mount(i), uniform);

@@ -177,7 +177,14 @@ fn mount_rejects_zero_base_zero_size_and_overflow_without_change() {
 fn full_store_is_no_available_handle_and_changes_nothing() {
     let (_, m) = master();
     m.mount_segment(&seg(1, "a", 100), C1).unwrap();
-    put(&m, C1, "k", 100, 1);
+    // Hard-pinned: inline eviction finds nothing to take.
+    let pinned = ReplicateConfig {
+        with_hard_pin: true,
+        ..cfg(1)
+    };
+    m.put_start(C1, "k", 100, &pinned, "").unwrap();
+    m.put_end(C1, &ObjectMeta::new("k"), ReplicaType::ALL, "")
+        .unwrap();
     assert_eq!(
         m.put_start(C1, "k2", 1, &cfg(1), ""),
         Err(ErrorCode::NO_AVAILABLE_HANDLE)

@@ -203,6 +203,12 @@ methods! {
             }
             Ok(())
         };
+    /// `client` failed to move bytes to a segment served at `endpoint` (a replica descriptor's
+    /// `transport_endpoint`): the master takes every segment served there out of placement
+    /// until its owner pings or mounts again (readers still try it). Returns how many segments
+    /// became suspected now. Ours: upstream places on a dead node until its client TTL ends.
+    53 ReportTransferFailure { client: ClientId, endpoint: String } -> u64,
+        limits(s, l) { check_key(&s.endpoint, l) };
 }
 
 /// The token bytes `Authenticate` carries (postcard: a varint length, then the bytes). `Debug`

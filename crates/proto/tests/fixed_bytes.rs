@@ -12,7 +12,9 @@ use mooncake_common::{
     ReplicaId, ReplicaKind, ReplicaStatus, ReplicaType, ReplicateConfig, SegmentStatus,
     SoftPinAction, TaskStatus, TaskType,
 };
-use mooncake_proto::methods::{Authenticate, GetReplicaList, PutStart, TokenBytes};
+use mooncake_proto::methods::{
+    Authenticate, GetReplicaList, PutStart, ReportTransferFailure, TokenBytes,
+};
 use mooncake_proto::{
     decode, decode_error_body, encode, encode_error, encode_frame, FrameDecoder, FrameHeader,
     FrameKind, Method, Reply, METHODS,
@@ -368,6 +370,7 @@ fn method_id_table_is_pinned() {
         (45, "ConfirmReplicas"),
         (46, "TakeSnapshot"),
         (47, "Authenticate"),
+        (53, "ReportTransferFailure"),
     ];
     assert_eq!(METHODS, expected);
 }
@@ -457,4 +460,49 @@ fn authenticate_matches_the_documented_bytes() {
         long.check_limits(&mooncake_proto::Limits::default()),
         Err(ErrorCode::INVALID_PARAMS)
     );
+}
+
+/// Decodes the one frame `bytes` (request id 1) as a `T` and checks that re-encoding gives
+/// the same bytes.
+fn round_trip<T>(bytes: &[u8], kind: FrameKind, method: u16) -> T
+where
+    T: serde::Serialize + serde::de::DeserializeOwned,
+{
+    let body = frame_body(bytes, kind, method, 1);
+    let decoded: T = decode(&body).unwrap();
+    let again = encode(&decoded).unwrap();
+    assert_eq!(reframe(kind, method, 1, &again), bytes.to_vec());
+    decoded
+}
+
+/// docs/wire.md, "ReportTransferFailure": a client reports endpoint "n:1"; one segment became
+/// suspected.
+#[test]
+fn report_transfer_failure_matches_the_documented_bytes() {
+    #[rustfmt::skip]
+    let request: [u8; 22] = [
+        0x12, 0x00, 0x00, 0x00, // frame_len = 18 (12 header bytes + 6 body bytes)
+        0x02, 0x00,             // version 2, request
+        0x35, 0x00,             // method 53 = ReportTransferFailure
+        0x01, 0, 0, 0, 0, 0, 0, 0, // request id 1
+        0x01, 0x02,             // client: Uuid { first: 1, second: 2 }
+        0x03, b'n', b':', b'1', // endpoint: length 3, "n:1"
+    ];
+    let id = ReportTransferFailure::ID;
+    let decoded: ReportTransferFailure = round_trip(&request, FrameKind::Request, id);
+    let expected = ReportTransferFailure {
+        client: ClientId::new(1, 2),
+        endpoint: "n:1".into(),
+    };
+    assert_eq!(decoded, expected);
+
+    #[rustfmt::skip]
+    let reply: [u8; 18] = [
+        0x0e, 0x00, 0x00, 0x00, // frame_len = 14
+        0x02, 0x01, 0x35, 0x00, // version 2, response, method 53
+        0x01, 0, 0, 0, 0, 0, 0, 0, // request id 1
+        0x00, 0x01,             // Ok(1): one segment suspected now
+    ];
+    let decoded: Reply<ReportTransferFailure> = round_trip(&reply, FrameKind::Response, id);
+    assert_eq!(decoded, Ok(1));
 }

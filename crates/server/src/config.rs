@@ -259,6 +259,8 @@ master_flags! {
         "File holding the cluster's shared token (at least 16 bytes, surrounding whitespace trimmed). When set, every RPC connection must present it first (Authenticate), the admin HTTP endpoints other than /metrics, /metrics/summary, /health, /role, /ha_status and /leader (and the metadata server's /metadata) need `Authorization: Bearer TOKEN`, and store nodes given the same token serve their memory only to clients this master admitted (docs/security.md)";
     rpc_max_buffered_request_bytes: u64 = 268435456, Ours UInt64, HONOURED,
         "Bytes of request frames over 64 KiB that all RPC connections together may hold; over it the server stops reading them and sheds the oldest (at least the 16 MiB frame limit)";
+    put_start_evict_budget: usize = 4096, Ours UInt64, HONOURED,
+        "Objects a PutStart that finds the store full may examine to evict inline, oldest first, what it needs (0 = refuse with NO_AVAILABLE_HANDLE at once, as upstream)";
 
     // ---- high availability (not built) ------------------------------------------------------
     enable_ha: bool = false, Master Bool, Status::Refused(HA),

@@ -178,7 +178,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     let mut out = String::with_capacity(16 << 10);
     render_capacity(master, &census, &mut out);
     state.metrics.render(&mut out);
-    state.workers.render(&mut out);
+    state.workers.render(master.counters(), &mut out);
     state.snapshot_metrics.render(master, &mut out);
     let core = master.counters();
     crate::metrics::counter(
@@ -257,6 +257,12 @@ fn render_capacity(
         "master_mounted_segments",
         "Number of mounted segments",
         usage.len() as f64,
+    );
+    gauge(
+        out,
+        "master_suspected_segments",
+        "Mounted segments out of placement after a reported transfer failure",
+        master.suspected_segments().len() as f64,
     );
     let _ = writeln!(out, "# HELP segment_allocated_bytes Total memory bytes currently allocated of the segment\n# TYPE segment_allocated_bytes gauge");
     for u in &usage {

@@ -10,6 +10,7 @@
 //! some items failed, and `_items_total` / `_failed_items_total` per item.
 
 use mooncake_common::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaKind};
+use mooncake_master::MasterCounters;
 use mooncake_proto::METHODS;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -345,17 +346,19 @@ pub struct WorkerMetrics {
 impl WorkerMetrics {
     /// Appends the counters in Prometheus text format. Eviction is memory eviction only, so the
     /// `_mem` families (upstream splits memory from NoF) carry the same values as the totals.
-    pub fn render(&self, out: &mut String) {
+    /// The eviction families count the background cycles and the PutStarts' inline evictions
+    /// (`core`) together; `master_put_start_inline_evictions_total` counts the latter alone.
+    pub fn render(&self, core: &MasterCounters, out: &mut String) {
         let eviction = [
             (
                 "master_attempted_evictions",
                 "Total number of attempted eviction operations",
-                get(&self.eviction_attempts),
+                get(&self.eviction_attempts) + core.inline_evictions(),
             ),
             (
                 "master_successful_evictions",
                 "Total number of successful eviction operations",
-                get(&self.eviction_cycles),
+                get(&self.eviction_cycles) + core.inline_evictions_done(),
             ),
         ];
         for (stem, help, value) in eviction {
@@ -371,12 +374,12 @@ impl WorkerMetrics {
             (
                 "master_evicted_key_count",
                 "Total number of keys evicted",
-                get(&self.evicted_objects),
+                get(&self.evicted_objects) + core.inline_evicted_objects(),
             ),
             (
                 "master_evicted_size_bytes",
                 "Total bytes of evicted objects",
-                get(&self.evicted_bytes),
+                get(&self.evicted_bytes) + core.inline_evicted_bytes(),
             ),
         ] {
             counter(out, name, help, value);
@@ -387,6 +390,12 @@ impl WorkerMetrics {
                 value,
             );
         }
+        counter(
+            out,
+            "master_put_start_inline_evictions_total",
+            "PutStarts that found no space and ran inline eviction",
+            core.inline_evictions(),
+        );
         counter(
             out,
             "master_expired_clients_total",

@@ -62,6 +62,7 @@ pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterSe
         client_live_ttl_sec: config.client_ttl,
         eviction_ratio: config.eviction_ratio,
         eviction_high_watermark_ratio: config.eviction_high_watermark_ratio,
+        put_start_evict_budget: config.put_start_evict_budget,
     }
 }
 

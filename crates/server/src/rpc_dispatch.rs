@@ -276,6 +276,20 @@ impl Handler for MasterRpc {
                     .collect())
             }),
             m::Ping::ID => self.serve(body, out, |ms, r: &m::Ping| ms.ping(r.client)),
+            m::ReportTransferFailure::ID => {
+                self.serve(body, out, |ms, r: &m::ReportTransferFailure| {
+                    let newly = ms.report_transfer_failure(r.client, &r.endpoint)?;
+                    if newly > 0 {
+                        tracing::warn!(
+                            client = %r.client,
+                            endpoint = %r.endpoint,
+                            segments = newly,
+                            "transfer failure reported: out of placement until the owner pings"
+                        );
+                    }
+                    Ok(newly)
+                })
+            }
             m::UpsertStart::ID => self.serve(body, out, |ms, r: &m::UpsertStart| {
                 ms.upsert_start(r.client, &r.key, r.value_len, &r.config, &r.tenant)
             }),

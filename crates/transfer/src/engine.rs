@@ -801,8 +801,20 @@ impl Inner {
                 return;
             }
         };
-        let result = self.copy_mapped(&mapping, &mut chunk);
-        if matches!(result, Err(TransferError::SegmentNotFound { .. })) {
+        let mut result = self.copy_mapped(&mapping, &mut chunk);
+        // The owner may have died before or during the copy: its memory still takes the bytes,
+        // but nobody serves them, and the master will drop the segment. A write that ends after
+        // the owner exited fails (reads of the intact memory stay allowed, checksummed).
+        if result.is_ok() && chunk.op == Op::Write && mapping.owner_exited() {
+            result = Err(TransferError::ConnectionLost {
+                endpoint: remote.to_string(),
+                reason: "the segment's owner process exited".into(),
+            });
+        }
+        if matches!(
+            result,
+            Err(TransferError::SegmentNotFound { .. } | TransferError::ConnectionLost { .. })
+        ) {
             self.shm_maps
                 .lock()
                 .remove(&(remote.instance_id(), chunk.segment_id));

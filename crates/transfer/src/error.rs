@@ -111,6 +111,24 @@ impl TransferError {
     }
 }
 
+impl TransferError {
+    /// Whether the failure lies with the remote side of the entry (its node died, cannot be
+    /// reached or does not serve the segment any more) rather than with the request or this
+    /// process: writing the same bytes to another segment may well succeed.
+    pub fn is_peer_failure(&self) -> bool {
+        matches!(
+            self,
+            TransferError::SegmentNotFound { .. }
+                | TransferError::Timeout { .. }
+                | TransferError::PeerUnreachable { .. }
+                | TransferError::ConnectionLost { .. }
+                | TransferError::Protocol { .. }
+                | TransferError::ShmUnavailable { .. }
+                | TransferError::Io(_)
+        )
+    }
+}
+
 impl From<TransferError> for ErrorCode {
     fn from(err: TransferError) -> ErrorCode {
         err.code()

@@ -18,6 +18,7 @@ pub mod endpoint;
 pub mod engine;
 pub mod error;
 pub mod memory;
+mod owner;
 pub mod registry;
 mod shm;
 mod tcp;

@@ -15,7 +15,9 @@
 //!
 //! Every shareable segment carries a control word (u64 at `control offset`, past the usable
 //! bytes, on its own page): 1 while registered, 0 once unregistered. Peers check it before each
-//! copy, so a stale mapping is refused instead of silently written.
+//! copy, so a stale mapping is refused instead of silently written. An owner that was killed
+//! cannot clear its word: peers also hold a pidfd of the owner (`owner.rs`) and fail a write
+//! that finishes after the owner exited.
 
 use std::io::{Read, Write};
 use std::os::fd::{AsRawFd, FromRawFd, OwnedFd, RawFd};
@@ -32,6 +34,7 @@ use mooncake_common::ErrorCode;
 use crate::auth::{Capability, DataPortAuth, CAPABILITY_BYTES};
 use crate::error::TransferError;
 use crate::memory::Mapping;
+use crate::owner::OwnerWatch;
 use crate::registry::{RegionKind, Registry};
 
 pub(crate) const SHM_MAGIC: [u8; 4] = *b"MCSH";
@@ -66,6 +69,8 @@ pub(crate) struct PeerMapping {
     pub mapping: Mapping,
     pub size_bytes: u64,
     pub control_offset: usize,
+    /// The owner process, watched so that a write into a dead owner's memory fails.
+    pub owner: OwnerWatch,
 }
 
 impl PeerMapping {
@@ -73,6 +78,11 @@ impl PeerMapping {
         // SAFETY: the handshake checked control_offset + 8 <= mapped length and page alignment.
         let word = unsafe { control_word(self.mapping.as_ptr(), self.control_offset) };
         word.load(Ordering::Acquire) == CONTROL_LIVE
+    }
+
+    /// True once the owner process is known to have exited.
+    pub(crate) fn owner_exited(&self) -> bool {
+        self.owner.exited()
     }
 }
 
@@ -405,6 +415,7 @@ pub(crate) fn map_peer_segment(
 ) -> Result<PeerMapping, TransferError> {
     let io = |e: std::io::Error| TransferError::Io(format!("{}: {e}", socket.display()));
     let mut stream = UnixStream::connect(socket).map_err(io)?;
+    let owner = OwnerWatch::of_socket_peer(stream.as_raw_fd());
     stream
         .set_read_timeout(Some(HANDSHAKE_TIMEOUT))
         .map_err(io)?;
@@ -440,6 +451,7 @@ pub(crate) fn map_peer_segment(
         mapping,
         size_bytes,
         control_offset,
+        owner,
     })
 }
 

@@ -277,3 +277,16 @@ pub fn http_with_headers(
         .unwrap_or_default();
     (status, body)
 }
+
+/// `len` pseudo-random bytes, the same for the same `seed` (xorshift64).
+pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
+    let mut state = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..len)
+        .map(|_| {
+            state ^= state << 13;
+            state ^= state >> 7;
+            state ^= state << 17;
+            state as u8
+        })
+        .collect()
+}

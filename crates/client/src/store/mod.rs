@@ -143,6 +143,9 @@ pub struct StoreStats {
     pub heartbeat_failures: AtomicU64,
     pub remounts: AtomicU64,
     pub replica_fallbacks: AtomicU64,
+    /// Writes whose transfer to a segment failed for reasons of its node, reported to the
+    /// master and started again on a new allocation (each write at most once).
+    pub write_retries: AtomicU64,
     /// Restored replicas this client confirmed to a restored master.
     pub verified_replicas: AtomicU64,
     /// Restored replicas whose bytes did not match (the master dropped them).

@@ -9,6 +9,7 @@
 
 use mooncake_common::{ErrorCode, ObjectMeta, ReplicaDescriptor, ReplicaKind, ReplicateConfig};
 use mooncake_transfer::{crc32c_combine, Endpoint, TransferError, TransferRequest};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use super::addressing::split_address;
@@ -18,6 +19,55 @@ use crate::master_client::{MasterError, WriteMode};
 /// Where one replica's bytes are written: the endpoint serving its segment, the segment (region)
 /// id there and the offset in it.
 type WriteTarget = (Arc<Endpoint>, u64, u64);
+
+/// A failed write leg: the error the caller sees, and the endpoints (as the master knows them)
+/// whose transfers failed for reasons of their node.
+struct LegFailure {
+    error: StoreError,
+    peers: Vec<Arc<str>>,
+}
+
+impl LegFailure {
+    /// Adds `endpoint` when `error` lies with its node.
+    fn add_peer(&mut self, error: &TransferError, endpoint: &Option<Arc<str>>) {
+        if let (true, Some(endpoint)) = (error.is_peer_failure(), endpoint) {
+            if !self.peers.contains(endpoint) {
+                self.peers.push(endpoint.clone());
+            }
+        }
+    }
+}
+
+impl From<StoreError> for LegFailure {
+    fn from(error: StoreError) -> LegFailure {
+        LegFailure {
+            error,
+            peers: Vec::new(),
+        }
+    }
+}
+
+/// How one write attempt failed: `Retry` when its nodes were at fault and the key is free again.
+enum Attempt {
+    Retry(StoreError),
+    Final(StoreError),
+}
+
+/// What [`StoreClient::write_batch`] writes a second time: item indices, and the endpoints to
+/// report first.
+#[derive(Default)]
+struct BatchRetry {
+    items: Vec<usize>,
+    peers: Vec<Arc<str>>,
+}
+
+/// The endpoint string of a memory replica, as its segment was mounted.
+fn endpoint_text(replica: &ReplicaDescriptor) -> Option<Arc<str>> {
+    match &replica.kind {
+        ReplicaKind::Memory(memory) => Some(memory.transport_endpoint.clone()),
+        _ => None,
+    }
+}
 
 impl StoreClient {
     /// Stores `value` under `key` unless the key exists or is being written.
@@ -103,6 +153,12 @@ impl StoreClient {
     /// exists (OBJECT_ALREADY_EXISTS) is `AlreadyPresent`; of a key another write holds in
     /// flight, the error REPLICA_IS_NOT_READY (nothing stored); an upsert that succeeds is
     /// `Stored`.
+    ///
+    /// When a replica's transfer fails for reasons of its node (see
+    /// [`TransferError::is_peer_failure`]) and the revoke succeeded, the node's endpoint is
+    /// reported to the master (which stops placing there) and the write starts once more on a
+    /// new allocation. Success is reported only after every replica of an allocation was
+    /// written and ended.
     pub async fn write_parts(
         &self,
         mode: WriteMode,
@@ -124,11 +180,38 @@ impl StoreClient {
         config: &ReplicateConfig,
     ) -> Result<(PutOutcome, usize), StoreError> {
         self.check_open()?;
-        let inner = &self.inner;
-        let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         // Refused before the master hears of it: nothing is reserved, no key left behind.
         self.check_staging(parts.iter().map(|p| (p.as_ptr() as usize, p.len())), total)?;
+        match self.write_once(mode, key, parts, total, config).await {
+            Err(Attempt::Retry(_)) => {
+                self.inner
+                    .stats
+                    .write_retries
+                    .fetch_add(1, Ordering::Relaxed);
+                match self.write_once(mode, key, parts, total, config).await {
+                    Err(Attempt::Retry(error) | Attempt::Final(error)) => Err(error),
+                    Ok(outcome) => Ok(outcome),
+                }
+            }
+            Err(Attempt::Final(error)) => Err(error),
+            Ok(outcome) => Ok(outcome),
+        }
+    }
+
+    /// One start → write → end (or revoke) of [`StoreClient::write_parts`]. A write leg that
+    /// failed for reasons of its nodes reports them and is `Attempt::Retry` when the revoke
+    /// went through (the key is free again). With the number of replicas written.
+    async fn write_once(
+        &self,
+        mode: WriteMode,
+        key: &str,
+        parts: &[&[u8]],
+        total: u64,
+        config: &ReplicateConfig,
+    ) -> Result<(PutOutcome, usize), Attempt> {
+        let inner = &self.inner;
+        let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
         let replicas = match master
             .write_start(mode, client, key, total, config, tenant)
             .await
@@ -139,7 +222,7 @@ impl StoreClient {
             {
                 return Ok((PutOutcome::AlreadyPresent, 0))
             }
-            Err(error) => return Err(error.into()),
+            Err(error) => return Err(Attempt::Final(error.into())),
         };
         match self.write_replicas(&replicas, parts, total).await {
             Ok(crc) => {
@@ -151,19 +234,37 @@ impl StoreClient {
                     key: key.to_string(),
                     object_checksum: checksum,
                 };
-                master.write_end(mode, client, meta, tenant).await?;
+                master
+                    .write_end(mode, client, meta, tenant)
+                    .await
+                    .map_err(|e| Attempt::Final(e.into()))?;
                 Ok((PutOutcome::Stored, replicas.len()))
             }
-            Err(error) => {
-                let _ = master.write_revoke(mode, client, key, tenant).await;
-                Err(error)
+            Err(failure) => {
+                let revoked = master.write_revoke(mode, client, key, tenant).await.is_ok();
+                self.report_peers(&failure.peers).await;
+                Err(if revoked && !failure.peers.is_empty() {
+                    Attempt::Retry(failure.error)
+                } else {
+                    Attempt::Final(failure.error)
+                })
             }
+        }
+    }
+
+    /// Tells the master about every endpoint a transfer failed to (errors are ignored: a
+    /// master without the method, or unreachable, only means placement learns later).
+    async fn report_peers(&self, peers: &[Arc<str>]) {
+        let (master, client) = (&self.inner.master, self.inner.client_id);
+        for endpoint in peers {
+            let _ = master.report_transfer_failure(client, endpoint).await;
         }
     }
 
     /// The batch form of [`StoreClient::write_parts`]: one start batch, one transfer batch for
     /// every replica of every started key, one end batch and one revoke batch. One result per
-    /// item, in order.
+    /// item, in order. Items whose transfer failed for reasons of a node (and were revoked)
+    /// are written once more, as one batch, after the nodes were reported.
     pub async fn write_batch(
         &self,
         mode: WriteMode,
@@ -173,6 +274,32 @@ impl StoreClient {
         if let Err(error) = self.check_open() {
             return items.iter().map(|_| Err(error.clone())).collect();
         }
+        let (mut results, retry) = self.write_batch_once(mode, items, config).await;
+        self.report_peers(&retry.peers).await;
+        if retry.items.is_empty() {
+            return results;
+        }
+        let stats = &self.inner.stats;
+        stats
+            .write_retries
+            .fetch_add(retry.items.len() as u64, Ordering::Relaxed);
+        let again: Vec<(&str, &[u8])> = retry.items.iter().map(|&i| items[i]).collect();
+        let (second, retry_again) = self.write_batch_once(mode, &again, config).await;
+        self.report_peers(&retry_again.peers).await;
+        for (&i, result) in retry.items.iter().zip(second) {
+            results[i] = result;
+        }
+        results
+    }
+
+    /// One pass of [`StoreClient::write_batch`]: the results, and which items may be retried
+    /// (with the endpoints to report first).
+    async fn write_batch_once(
+        &self,
+        mode: WriteMode,
+        items: &[(&str, &[u8])],
+        config: &ReplicateConfig,
+    ) -> (Vec<Result<PutOutcome, StoreError>>, BatchRetry) {
         let inner = &self.inner;
         let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
         let keys: Vec<String> = items.iter().map(|(k, _)| k.to_string()).collect();
@@ -225,7 +352,8 @@ impl StoreClient {
         }
         let written = self.write_many(items, &to_write).await;
         let mut ended = Vec::new();
-        let mut revoked = Vec::new();
+        let mut failed = Vec::new();
+        let mut retry = BatchRetry::default();
         // CRC32C the engine computed while writing each item's first replica.
         let mut crcs: Vec<Option<u32>> = vec![None; items.len()];
         for ((i, _), outcome) in to_write.iter().zip(written) {
@@ -234,16 +362,18 @@ impl StoreClient {
                     crcs[*i] = crc;
                     ended.push(*i)
                 }
-                Err(error) => {
-                    revoked.push(*i);
-                    results[*i] = Some(Err(error));
+                Err(failure) => {
+                    for peer in failure.peers.iter() {
+                        if !retry.peers.contains(peer) {
+                            retry.peers.push(peer.clone());
+                        }
+                    }
+                    failed.push((*i, !failure.peers.is_empty()));
+                    results[*i] = Some(Err(failure.error));
                 }
             }
         }
-        if !revoked.is_empty() {
-            let keys = revoked.iter().map(|&i| keys[i].clone()).collect();
-            let _ = master.batch_write_revoke(mode, client, keys, tenant).await;
-        }
+        retry.items = self.revoke_failed(mode, &keys, &failed).await;
         if !ended.is_empty() {
             let metas: Vec<ObjectMeta> = ended
                 .iter()
@@ -255,30 +385,51 @@ impl StoreClient {
                         .then(|| crcs[i].map_or_else(|| checksum_of(&[items[i].1]), u64::from)),
                 })
                 .collect();
-            match master.batch_write_end(mode, client, metas, tenant).await {
-                Ok(each) if each.len() == ended.len() => {
-                    for (&i, r) in ended.iter().zip(each) {
-                        results[i] = Some(r.map(|()| PutOutcome::Stored).map_err(StoreError::from));
-                    }
-                }
-                Ok(_) => {
-                    for &i in &ended {
-                        results[i] = Some(Err(StoreError::InvalidParams(
-                            "the master answered an end batch of the wrong length".into(),
-                        )));
-                    }
-                }
-                Err(error) => {
-                    for &i in &ended {
-                        results[i] = Some(Err(error.clone().into()));
-                    }
-                }
+            let each = master.batch_write_end(mode, client, metas, tenant).await;
+            for (slot, &i) in ended.iter().enumerate() {
+                results[i] = Some(match &each {
+                    Ok(each) if each.len() == ended.len() => each[slot]
+                        .map(|()| PutOutcome::Stored)
+                        .map_err(StoreError::from),
+                    Ok(_) => Err(StoreError::InvalidParams(
+                        "the master answered an end batch of the wrong length".into(),
+                    )),
+                    Err(error) => Err(error.clone().into()),
+                });
             }
         }
-        results
+        let results = results
             .into_iter()
             .map(|r| r.unwrap_or(Err(StoreError::InvalidParams("lost batch entry".into()))))
-            .collect()
+            .collect();
+        (results, retry)
+    }
+
+    /// Revokes the items of `failed` (`(index, failed for reasons of a node)`) in one batch;
+    /// returns the indices that may be written again: a node failure whose revoke succeeded.
+    async fn revoke_failed(
+        &self,
+        mode: WriteMode,
+        keys: &[String],
+        failed: &[(usize, bool)],
+    ) -> Vec<usize> {
+        if failed.is_empty() {
+            return Vec::new();
+        }
+        let (master, client, tenant) = (&self.inner.master, self.inner.client_id, self.tenant());
+        let revoke: Vec<String> = failed.iter().map(|&(i, _)| keys[i].clone()).collect();
+        match master
+            .batch_write_revoke(mode, client, revoke, tenant)
+            .await
+        {
+            Ok(each) if each.len() == failed.len() => failed
+                .iter()
+                .zip(each)
+                .filter(|((_, node_failed), revoked)| *node_failed && revoked.is_ok())
+                .map(|((i, _), _)| *i)
+                .collect(),
+            _ => Vec::new(),
+        }
     }
 
     /// Writes `parts` into every memory replica of `replicas`. With checksums on, returns the
@@ -290,7 +441,7 @@ impl StoreClient {
         replicas: &[ReplicaDescriptor],
         parts: &[&[u8]],
         total: u64,
-    ) -> Result<Option<u32>, StoreError> {
+    ) -> Result<Option<u32>, LegFailure> {
         let pins = match self.pin_all(parts.iter().map(|p| (p.as_ptr() as usize, p.len()))) {
             Ok(pins) => pins,
             Err(StoreError::Transfer(TransferError::Overlap { .. })) => {
@@ -300,9 +451,11 @@ impl StoreClient {
                 let borrowed: Vec<&[u8]> = copies.iter().map(|c| c.as_slice()).collect();
                 return Box::pin(self.write_replicas(replicas, &borrowed, total)).await;
             }
-            Err(error) => return Err(error),
+            Err(error) => return Err(error.into()),
         };
         let mut requests = Vec::new();
+        // The endpoint string each request writes to (what the master knows the segment by).
+        let mut targets = Vec::new();
         // Indices of the checksummed requests, in byte order (the first memory replica's parts).
         let mut summed = Vec::new();
         for replica in replicas {
@@ -323,15 +476,24 @@ impl StoreClient {
                     summed.push(requests.len());
                 }
                 requests.push(request);
+                targets.push(endpoint_text(replica));
                 offset += part.len() as u64;
             }
         }
         let batch = self.inner.engine.submit(&requests);
         let results = batch.wait_async().await;
         drop(pins);
-        results
-            .into_iter()
-            .collect::<Result<Vec<()>, TransferError>>()?;
+        let mut failure: Option<LegFailure> = None;
+        for (result, target) in results.into_iter().zip(&targets) {
+            if let Err(error) = result {
+                failure
+                    .get_or_insert_with(|| LegFailure::from(StoreError::from(error.clone())))
+                    .add_peer(&error, target);
+            }
+        }
+        if let Some(failure) = failure {
+            return Err(failure);
+        }
         let mut crc: Option<u32> = None;
         for index in summed {
             let (Some(piece), len) = (batch.checksum(index), requests[index].len_bytes) else {
@@ -348,7 +510,7 @@ impl StoreClient {
         &self,
         items: &[(&str, &[u8])],
         to_write: &[(usize, Vec<ReplicaDescriptor>)],
-    ) -> Vec<Result<Option<u32>, StoreError>> {
+    ) -> Vec<Result<Option<u32>, LegFailure>> {
         let pins = match self.pin_all(to_write.iter().map(|(i, _)| {
             let value = items[*i].1;
             (value.as_ptr() as usize, value.len())
@@ -366,11 +528,12 @@ impl StoreClient {
                     .collect();
                 return Box::pin(self.write_many(&borrowed, to_write)).await;
             }
-            Err(error) => return to_write.iter().map(|_| Err(error.clone())).collect(),
+            Err(error) => return to_write.iter().map(|_| Err(error.clone().into())).collect(),
         };
         let mut requests = Vec::new();
         let mut owner = Vec::new();
-        let mut early: Vec<Option<StoreError>> = vec![None; to_write.len()];
+        let mut targets = Vec::new();
+        let mut early: Vec<Option<LegFailure>> = (0..to_write.len()).map(|_| None).collect();
         // The request whose checksum stands for each slot's value.
         let mut summed: Vec<Option<usize>> = vec![None; to_write.len()];
         for (slot, (i, replicas)) in to_write.iter().enumerate() {
@@ -392,17 +555,20 @@ impl StoreClient {
                         }
                         requests.push(request);
                         owner.push(slot);
+                        targets.push(endpoint_text(replica));
                     }
-                    Err(error) => early[slot] = Some(error),
+                    Err(error) => early[slot] = Some(error.into()),
                 }
             }
         }
         let batch = self.inner.engine.submit(&requests);
         let results = batch.wait_async().await;
         drop(pins);
-        for (slot, result) in owner.into_iter().zip(results) {
-            if let (Err(error), None) = (result, &early[slot]) {
-                early[slot] = Some(error.into());
+        for ((slot, result), target) in owner.into_iter().zip(results).zip(&targets) {
+            if let Err(error) = result {
+                early[slot]
+                    .get_or_insert_with(|| LegFailure::from(StoreError::from(error.clone())))
+                    .add_peer(&error, target);
             }
         }
         early
