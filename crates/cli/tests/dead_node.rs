@@ -11,7 +11,7 @@
 mod common;
 
 use common::{pattern, MasterProcess, StoreNode};
-use mooncake_client::{PutOutcome, StoreClient, StoreConfig};
+use mooncake_client::{PutOutcome, RangeWrite, StoreClient, StoreConfig};
 use mooncake_common::{ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::TransportMode;
@@ -87,6 +87,39 @@ async fn put_after_kill(c: &StoreClient, one: &ReplicateConfig, stream: usize) -
     seen
 }
 
+/// Put sessions opened before the kill.
+const SESSIONS: usize = 16;
+
+/// Writes every session's value after the kill (two ranges each) and ends the sessions whose
+/// ranges all succeeded (revokes the others); returns the `(key, seed)` of the ended ones. A
+/// session placed on the dead node cannot move: its ranges must fail, never end successfully.
+async fn finish_sessions(c: &StoreClient, seeds: &[usize]) -> Vec<(String, usize)> {
+    let keys: Vec<String> = seeds.iter().map(|s| format!("session/{s}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = seeds.iter().map(|&s| value(s)).collect();
+    let half = VALUE_BYTES / 2;
+    let fragments: Vec<RangeWrite<'_>> = (0..keys.len())
+        .flat_map(|k| {
+            [(0, &values[k][..half]), (half, &values[k][half..])].map(|(at, src)| RangeWrite {
+                key: k,
+                offset: at as u64,
+                src,
+            })
+        })
+        .collect();
+    let written = c.put_ranges_in_session(&refs, &fragments).await;
+    let mut ended = Vec::new();
+    for (k, key) in refs.iter().enumerate() {
+        let ok = written[2 * k].is_ok() && written[2 * k + 1].is_ok();
+        if !ok {
+            c.batch_put_session_revoke(&[key]).await;
+        } else if c.batch_put_session_end(&[key]).await[0].is_ok() {
+            ended.push((key.to_string(), seeds[k]));
+        }
+    }
+    ended
+}
+
 /// Master + 2 nodes; warm up (so the client has mapped or connected to both nodes), SIGKILL
 /// one, put, wait until the master dropped the dead node, read back every acknowledged put.
 fn puts_survive_a_node_kill(transport: TransportMode) {
@@ -116,6 +149,15 @@ fn puts_survive_a_node_kill(transport: TransportMode) {
             on.insert(endpoint_of(&c.get_replica_desc(&key).await.unwrap()[0]));
         }
         assert_eq!(on.len(), 2, "warm-up puts did not reach both nodes: {on:?}");
+        let seeds: Vec<usize> = (900..900 + SESSIONS).collect();
+        let sized: Vec<String> = seeds.iter().map(|s| format!("session/{s}")).collect();
+        let sized: Vec<(&str, u64)> = sized
+            .iter()
+            .map(|k| (k.as_str(), VALUE_BYTES as u64))
+            .collect();
+        for started in c.batch_put_session_start(&sized, &one).await {
+            started.unwrap();
+        }
 
         doomed.signal(libc::SIGKILL);
         assert!(doomed.wait(Duration::from_secs(10)).is_some(), "no exit");
@@ -128,6 +170,7 @@ fn puts_survive_a_node_kill(transport: TransportMode) {
             failures: [a.failures, b.failures].concat(),
         };
         let put_for = killed.elapsed();
+        let sessions_ended = finish_sessions(&c, &seeds).await;
 
         // The master drops the dead node after its client TTL (bounded poll).
         let deadline = Instant::now() + Duration::from_secs(60);
@@ -147,7 +190,7 @@ fn puts_survive_a_node_kill(transport: TransportMode) {
             "suspicion outlived the unmount"
         );
         let mut lost = Vec::new();
-        for (key, seed) in &after.acknowledged {
+        for (key, seed) in after.acknowledged.iter().chain(&sessions_ended) {
             match c.get(key).await {
                 Ok(bytes) if bytes == value(*seed) => {
                     let replicas = c.get_replica_desc(key).await.unwrap();
@@ -160,14 +203,19 @@ fn puts_survive_a_node_kill(transport: TransportMode) {
         let retries = c.stats().write_retries.load(Ordering::Relaxed);
         println!(
             "{transport:?}: {}/{} puts after the kill acknowledged (issued over {put_for:?} \
-             after the node's exit), {} acknowledged puts lost, {retries} writes retried",
+             after the node's exit), {}/{SESSIONS} sessions ended, {} acknowledged writes \
+             lost, {retries} writes retried",
             after.acknowledged.len(),
             after.attempted,
+            sessions_ended.len(),
             lost.len(),
         );
+        // The first puts that met the dead node were retried (the node is expired only after
+        // client_ttl, long after these puts).
+        assert!(retries >= 1, "no put met the dead node");
         assert!(
             lost.is_empty(),
-            "{} acknowledged puts lost after the kill: {:?}",
+            "{} acknowledged writes lost after the kill: {:?}",
             lost.len(),
             &lost[..lost.len().min(8)]
         );

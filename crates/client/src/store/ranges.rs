@@ -270,6 +270,7 @@ impl StoreClient {
         };
         let mut requests = Vec::new();
         let mut owner = Vec::new();
+        let mut endpoints = Vec::new();
         for (f, replicas) in &accepted {
             let fragment = &fragments[*f];
             for replica in replicas.iter() {
@@ -293,10 +294,19 @@ impl StoreClient {
                     offset,
                 ));
                 owner.push(*f);
+                endpoints.push(memory.transport_endpoint.clone());
             }
         }
         let done = self.inner.engine.submit(&requests).wait_async().await;
         drop(pins);
+        // A session cannot move to a new allocation, but the master can stop placing there.
+        let mut peers: Vec<std::sync::Arc<str>> = Vec::new();
+        for (result, endpoint) in done.iter().zip(&endpoints) {
+            if matches!(result, Err(e) if e.is_peer_failure()) && !peers.contains(endpoint) {
+                peers.push(endpoint.clone());
+            }
+        }
+        self.report_peers(&peers).await;
         let mut requests_of = vec![0usize; fragments.len()];
         for &f in &owner {
             requests_of[f] += 1;

@@ -254,7 +254,7 @@ impl StoreClient {
 
     /// Tells the master about every endpoint a transfer failed to (errors are ignored: a
     /// master without the method, or unreachable, only means placement learns later).
-    async fn report_peers(&self, peers: &[Arc<str>]) {
+    pub(super) async fn report_peers(&self, peers: &[Arc<str>]) {
         let (master, client) = (&self.inner.master, self.inner.client_id);
         for endpoint in peers {
             let _ = master.report_transfer_failure(client, endpoint).await;
