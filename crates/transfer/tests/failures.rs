@@ -435,3 +435,40 @@ fn socket_dirs_of_killed_peers_are_cleaned_by_the_next_engine() {
     );
     assert!(!socket.parent().unwrap().exists());
 }
+
+/// A same-host writer that maps a peer's segment over shared memory refuses a write once the
+/// owner process was SIGKILLed: the memfd still takes the bytes, but nobody will serve them and
+/// the owner can no longer clear the control word. A read of the intact memory still works.
+#[test]
+fn a_shm_write_into_a_killed_owners_memory_fails() {
+    let mut owner = PeerProcess::spawn(4 * MIB);
+    let (endpoint, segment) = (Arc::clone(&owner.endpoint), owner.segment_id);
+    let client = engine(TransportMode::Shm, 8_000);
+    let local = client.allocate_local_buffer(MIB).unwrap();
+    local.write_at(0, &pattern(4096, 3)).unwrap();
+    let write = || TransferRequest::write(local.as_ptr(), 4096, &endpoint, segment, 0);
+    // Alive: the write maps the segment and succeeds.
+    assert_eq!(client.submit(&[write()]).wait(), vec![Ok(())]);
+    assert_eq!(client.shm_mapped_segments(), 1);
+    owner.kill();
+    // The mapping still reads the owner's bytes.
+    let into = local.as_ptr().wrapping_add(8192);
+    let read = TransferRequest::read(into, 4096, &endpoint, segment, 8192);
+    assert_eq!(client.submit(&[read]).wait(), vec![Ok(())]);
+    let mut got = vec![0u8; 4096];
+    local.read_at(8192, &mut got).unwrap();
+    assert!(got
+        .iter()
+        .enumerate()
+        .all(|(i, b)| *b == peer_pattern_byte(8192 + i)));
+    let result = client.submit(&[write()]).wait();
+    assert!(
+        matches!(result[0], Err(TransferError::ConnectionLost { .. })),
+        "write into a dead owner's memory: {result:?}"
+    );
+    let code = result[0].as_ref().map_err(TransferError::code).unwrap_err();
+    assert_eq!(code, ErrorCode::TRANSFER_FAIL);
+    // The mapping was dropped; a new handshake finds no owner and fails too.
+    assert_eq!(client.shm_mapped_segments(), 0);
+    assert!(client.submit(&[write()]).wait()[0].is_err());
+}
