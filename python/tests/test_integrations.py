@@ -125,6 +125,39 @@ def test_put_of_a_key_being_written_by_another_client_is_not_ready_and_first_wri
         m.stop()
 
 
+def test_a_writer_killed_mid_put_frees_its_key_and_space_after_its_client_ttl(key):
+    """A writer process starts a put (the master records 24 MB in flight on the only 32 MB
+    segment) and is SIGKILLed. Another client's put of the key answers -703 until the master
+    expires the dead writer (client_ttl 2 s; the 300 s discard timeout is far beyond the wait),
+    then stores and reads back; the 24 MB are free again (a 12 MB put fits)."""
+    m = Master("--client_ttl=2", "--put_start_discard_timeout_sec=300")
+    owner = Peer(m.addr, "32MB")
+    writer = Peer(m.addr, "0")
+    other = make_store(m.addr, segment=0)
+    try:
+        assert writer.ask("start %s %d" % (key, 24 << 20)) == "0"
+        assert other.put(key, b"second") == REPLICA_IS_NOT_READY
+        writer.proc.kill()
+        writer.proc.wait(10)
+        deadline = time.monotonic() + 60
+        while True:
+            rc = other.put(key, b"second")
+            if rc == 0:
+                break
+            assert rc == REPLICA_IS_NOT_READY, rc
+            assert time.monotonic() < deadline, "the dead writer's key stayed taken"
+            time.sleep(0.2)
+        assert other.get(key) == b"second"
+        big = b"b" * (12 << 20)
+        assert other.put(key + "/big", big) == 0  # only fits once the 24 MB are back
+        assert other.get(key + "/big") == big
+    finally:
+        writer.stop()
+        other.close()
+        owner.stop()
+        m.stop()
+
+
 def test_is_exist_grants_the_read_lease(store, key):
     assert store.put(key, b"v") == 0
     assert store.is_exist(key) == 1
