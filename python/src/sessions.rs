@@ -139,8 +139,8 @@ impl Store {
         })
     }
 
-    /// `batch_put_session_start`: 0 per key, or its code (-705 when the key exists or is
-    /// being written; -600 when a session of the key is already open here).
+    /// `batch_put_session_start`: 0 per key, or its code (-705 when the key exists, -703 when
+    /// another client is writing it; -600 when a session of the key is already open here).
     pub(crate) fn put_session_start_impl(
         &self,
         py: Python<'_>,

@@ -482,8 +482,9 @@ impl Store {
     // ----- copying writes ----------------------------------------------------------------------
 
     /// Stores `value` (any bytes-like object) under `key`. 0 on success, also when the key exists
-    /// or is being written by another client (the first write stays); negative code otherwise
-    /// (-200 when the store is full and eviction cannot make room).
+    /// (the first write stays); negative code otherwise: -703 (REPLICA_IS_NOT_READY) when another
+    /// write of the key is still in flight (nothing stored), -200 when the store is full and
+    /// eviction cannot make room.
     #[pyo3(signature = (key, value, config=None))]
     fn put(
         &self,

@@ -1,5 +1,7 @@
 """A second client process for the tests: sets up a store on the given master and serves
-line commands on stdin (put KEY HEXVALUE / get KEY / exist KEY / quit), answering on stdout."""
+line commands on stdin (put KEY HEXVALUE / get KEY / exist KEY / start KEY SIZE / quit),
+answering on stdout. `start` opens a put session (the master records the put as in flight) and
+leaves it open, as a writer that dies mid-put does."""
 
 import sys
 
@@ -22,6 +24,8 @@ def main():
             print(s.get(parts[1]).hex() or "-", flush=True)
         elif cmd == "exist":
             print(s.is_exist(parts[1]), flush=True)
+        elif cmd == "start":
+            print(s.batch_put_session_start([parts[1]], [int(parts[2])])[0], flush=True)
         elif cmd == "quit":
             break
     print("closed %d" % s.close(), flush=True)

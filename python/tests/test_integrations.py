@@ -14,6 +14,7 @@ from conftest import HERE, Master, make_store
 from mooncake_rs.store import ReplicateConfig
 
 NO_AVAILABLE_HANDLE = -200
+REPLICA_IS_NOT_READY = -703
 OBJECT_HAS_LEASE = -706
 
 
@@ -69,10 +70,12 @@ def test_two_processes_share_one_cluster(master, key):
         a.close()
 
 
-def test_put_of_a_key_being_written_by_another_client_returns_0_and_first_write_wins(master, key):
+def test_put_of_a_key_being_written_by_another_client_is_not_ready_and_first_write_wins(master, key):
     """The writer's transfer is held up by stopping the process that owns the only segment; while
-    its put is in flight, is_exist says 0 and another client's put of the same key returns 0
-    without writing. After the owner resumes, the first write is what everybody reads."""
+    its put is in flight, is_exist says 0 and another client's put of the same key returns -703
+    (REPLICA_IS_NOT_READY: nothing stored, so not a success). After the owner resumes, the first
+    write is what everybody reads, and a put of the now complete key returns 0 (upstream's
+    "already exists is success", which engines rely on)."""
     m = Master()
     owner = Peer(m.addr, "32MB")
     # TCP only, so the writer's transfer waits on the stopped owner's answer (no shared-memory
@@ -93,11 +96,12 @@ def test_put_of_a_key_being_written_by_another_client_returns_0_and_first_write_
         assert t.is_alive(), "the first put finished before the check"
         assert other.is_exist(key) == 0
         t0 = time.monotonic()
-        assert other.put(key, b"second") == 0  # in flight elsewhere: 0, nothing written
+        assert other.put(key, b"second") == REPLICA_IS_NOT_READY  # in flight elsewhere
         buf = (ctypes.c_ubyte * 16)()
-        assert other.put_from(key, ctypes.addressof(buf), 16) == 0
-        assert other.batch_put_from([key], [ctypes.addressof(buf)], [16]) == [0]
-        assert other.put_parts(key, b"x", b"y") == 0
+        assert other.put_from(key, ctypes.addressof(buf), 16) == REPLICA_IS_NOT_READY
+        assert other.batch_put_from([key], [ctypes.addressof(buf)], [16]) == [REPLICA_IS_NOT_READY]
+        assert other.put_parts(key, b"x", b"y") == REPLICA_IS_NOT_READY
+        assert other.put_batch([key], [b"z"]) == REPLICA_IS_NOT_READY
         # Answered by the master at PutStart: an allocation would have hung on the stopped owner.
         assert time.monotonic() - t0 < 5
         assert t.is_alive()
@@ -107,10 +111,48 @@ def test_put_of_a_key_being_written_by_another_client_returns_0_and_first_write_
         assert not t.is_alive() and result["rc"] == 0
         assert other.is_exist(key) == 1
         assert other.get(key) == value
+        # Complete now: a second put is a success that leaves the first value.
+        assert other.put(key, b"second") == 0
+        assert other.put_from(key, ctypes.addressof(buf), 16) == 0
+        assert other.batch_put_from([key], [ctypes.addressof(buf)], [16]) == [0]
+        assert other.get(key) == value
     finally:
         owner.proc.send_signal(signal.SIGCONT)
         t.join(40)
         writer.close()
+        other.close()
+        owner.stop()
+        m.stop()
+
+
+def test_a_writer_killed_mid_put_frees_its_key_and_space_after_its_client_ttl(key):
+    """A writer process starts a put (the master records 24 MB in flight on the only 32 MB
+    segment) and is SIGKILLed. Another client's put of the key answers -703 until the master
+    expires the dead writer (client_ttl 2 s; the 300 s discard timeout is far beyond the wait),
+    then stores and reads back; the 24 MB are free again (a 12 MB put fits)."""
+    m = Master("--client_ttl=2", "--put_start_discard_timeout_sec=300")
+    owner = Peer(m.addr, "32MB")
+    writer = Peer(m.addr, "0")
+    other = make_store(m.addr, segment=0)
+    try:
+        assert writer.ask("start %s %d" % (key, 24 << 20)) == "0"
+        assert other.put(key, b"second") == REPLICA_IS_NOT_READY
+        writer.proc.kill()
+        writer.proc.wait(10)
+        deadline = time.monotonic() + 60
+        while True:
+            rc = other.put(key, b"second")
+            if rc == 0:
+                break
+            assert rc == REPLICA_IS_NOT_READY, rc
+            assert time.monotonic() < deadline, "the dead writer's key stayed taken"
+            time.sleep(0.2)
+        assert other.get(key) == b"second"
+        big = b"b" * (12 << 20)
+        assert other.put(key + "/big", big) == 0  # only fits once the 24 MB are back
+        assert other.get(key + "/big") == big
+    finally:
+        writer.stop()
         other.close()
         owner.stop()
         m.stop()

@@ -68,8 +68,11 @@ fn init_logging() {
 fn init_logging_at(default: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("MOONCAKE_LOG")
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new(default));
+    use std::io::IsTerminal;
+    // Colours only on a terminal: a log file or pipe gets plain text.
     let _ = tracing_subscriber::fmt()
         .with_env_filter(filter)
+        .with_ansi(std::io::stderr().is_terminal())
         .with_writer(std::io::stderr)
         .try_init();
 }

@@ -128,15 +128,31 @@ pub fn put(args: PutArgs) -> anyhow::Result<()> {
         replica_num: args.replicas,
         ..ReplicateConfig::default()
     };
-    let outcome = client.put(&args.key, &value, &config);
+    let outcome = client.put_counted(&args.key, &value, &config);
     let _ = client.close();
     match outcome.map_err(|e| code_error("put", e))? {
-        PutOutcome::Stored => eprintln!("stored {:?}: {} bytes", args.key, value.len()),
-        PutOutcome::AlreadyPresent => {
+        (PutOutcome::Stored, kept) => eprintln!(
+            "stored {:?}: {} bytes, {}",
+            args.key,
+            value.len(),
+            replicas_kept(kept, args.replicas)
+        ),
+        (PutOutcome::AlreadyPresent, _) => {
             eprintln!("{:?} already exists; the first value stays", args.key)
         }
     }
     Ok(())
+}
+
+/// "1 replica", "2 replicas", or "kept 2 of 5 replicas" when the master placed fewer than asked
+/// (one per node at most, and only where there is room).
+fn replicas_kept(kept: usize, asked: usize) -> String {
+    let plural = |n: usize| if n == 1 { "replica" } else { "replicas" };
+    if kept < asked {
+        format!("kept {kept} of {asked} {}", plural(asked))
+    } else {
+        format!("{kept} {}", plural(kept))
+    }
 }
 
 pub fn get(args: GetArgs) -> anyhow::Result<()> {

@@ -7,7 +7,7 @@ mod common;
 
 use common::{pattern, MasterProcess, StoreNode, BIN};
 use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
-use mooncake_common::{ErrorCode, ReplicaKind, ReplicateConfig};
+use mooncake_common::{ClientId, ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::TransportMode;
 use std::io::Read;
@@ -201,6 +201,17 @@ fn cluster_of_processes_moves_every_size_byte_exact() {
             String::from_utf8_lossy(&put.stderr)
         );
         assert!(c.get("from-cli").await.unwrap() == from_stdin);
+        let said = String::from_utf8_lossy(&put.stderr).to_string();
+        assert!(said.contains("300001 bytes, 1 replica"), "{said}");
+        // Five asked, two nodes: the verb says how many the master placed.
+        let five = verb(
+            &["put", "--master", &m, "five", "-", "--replicas", "5"],
+            Some(b"v"),
+        );
+        let said = String::from_utf8_lossy(&five.stderr).to_string();
+        assert!(five.status.success(), "{said}");
+        assert!(said.contains("kept 2 of 5 replicas"), "{said}");
+        assert_eq!(c.get_replica_desc("five").await.unwrap().len(), 2);
         let to_stdout = verb(&["get", "--master", &m, "obj/65537"], None);
         assert!(to_stdout.status.success());
         assert!(to_stdout.stdout == pattern(65_537, 2));
@@ -213,7 +224,7 @@ fn cluster_of_processes_moves_every_size_byte_exact() {
         let stat_text = String::from_utf8_lossy(&stat.stdout).to_string();
         assert!(stat.status.success());
         assert!(stat_text.contains("segments 2"), "{stat_text}");
-        assert!(stat_text.contains("keys 45"), "{stat_text}");
+        assert!(stat_text.contains("keys 46"), "{stat_text}");
         let rm = verb(&["rm", "--master", &m, "from-cli", "--force"], None);
         assert!(
             rm.status.success(),
@@ -451,6 +462,62 @@ fn objects_only_on_a_killed_node_are_gone_after_client_ttl() {
 }
 
 #[test]
+fn a_writer_that_dies_mid_put_frees_its_key_and_space_after_its_client_ttl() {
+    // The discard timeout (300 s) is far beyond the poll bound: only the writer's client TTL
+    // (2 s) can free the key here.
+    let master = MasterProcess::start(&["--client_ttl=2", "--put_start_discard_timeout_sec=300"]);
+    let _node = StoreNode::start(&master.rpc.to_string(), "32MiB", &[]);
+    let rt = runtime();
+    rt.block_on(async {
+        let c = client(master.rpc).await;
+        let one = ReplicateConfig::default();
+        let used = || async {
+            let detail = c.master().call(&m::GetSegmentsDetail {}).await.unwrap();
+            detail.iter().filter_map(|s| s.used_bytes).sum::<u64>()
+        };
+        // The writer pings once (the master tracks it), starts an 8 MiB put and goes silent,
+        // as a process killed mid-put does.
+        let writer = ClientId::random();
+        c.master().ping(writer).await.unwrap();
+        c.master()
+            .put_start(writer, "trap", 8 << 20, &one, "")
+            .await
+            .unwrap();
+        assert_eq!(used().await, 8 << 20);
+        // Another client's put: refused as "in flight" (never a success that stored nothing)
+        // until the writer's TTL runs out and the master reaps its put; then it stores.
+        let value = pattern(4096, 5);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match c.put("trap", &value, &one).await {
+                Ok(PutOutcome::Stored) => break,
+                Err(e) if e.master_code() == Some(ErrorCode::REPLICA_IS_NOT_READY) => {}
+                other => panic!("a put of a key in flight must not succeed: {other:?}"),
+            }
+            assert!(
+                Instant::now() < deadline,
+                "the dead writer's key stayed taken"
+            );
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        assert!(c.get("trap").await.unwrap() == value);
+        // The dead writer's 8 MiB is free, not discarded for the release timeout.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        while used().await != 4096 {
+            assert!(Instant::now() < deadline, "still used: {}", used().await);
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let late = c
+            .master()
+            .put_end(writer, mooncake_common::ObjectMeta::new("trap"), "")
+            .await
+            .unwrap_err();
+        assert_eq!(late.code(), ErrorCode::ILLEGAL_CLIENT, "{late}");
+        c.close().await.unwrap();
+    });
+}
+
+#[test]
 fn sigterm_unmounts_the_node() {
     let master = MasterProcess::start(&[]);
     let mut node = StoreNode::start(&master.rpc.to_string(), "16MiB", &[]);
@@ -484,7 +551,9 @@ fn sigterm_unmounts_the_node() {
 fn master_restart_makes_nodes_remount_and_clients_reconnect() {
     let master = MasterProcess::start(&["--client_ttl=2"]);
     let rpc = master.rpc;
-    let _node = StoreNode::start(&rpc.to_string(), "32MiB", &[]);
+    let log_path = std::env::temp_dir().join(format!("mc-rejoin-{}.log", std::process::id()));
+    let log_file = std::fs::File::create(&log_path).unwrap();
+    let _node = StoreNode::start_logging(&rpc.to_string(), "32MiB", &[], "info", log_file.into());
     let rt = runtime();
     rt.block_on(async {
         let c = client(rpc).await;
@@ -505,6 +574,20 @@ fn master_restart_makes_nodes_remount_and_clients_reconnect() {
             assert!(Instant::now() < deadline, "node did not re-mount");
             tokio::time::sleep(Duration::from_millis(200)).await;
         }
+        // The node says so in its log, naming the master.
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let log = std::fs::read_to_string(&log_path).unwrap_or_default();
+            let said = log
+                .lines()
+                .any(|l| l.contains("re-joined the master") && l.contains(&rpc.to_string()));
+            if said {
+                break;
+            }
+            assert!(Instant::now() < deadline, "no re-join line in {log}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+        let _ = std::fs::remove_file(&log_path);
         // The master's index is not persistent yet: the old object is gone (reported, expected).
         assert_eq!(
             c.get("before").await.unwrap_err().master_code(),

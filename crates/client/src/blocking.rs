@@ -51,6 +51,16 @@ impl BlockingStoreClient {
         self.run(self.client.put(key, value, config))
     }
 
+    /// [`StoreClient::put_counted`]: the outcome and the number of replicas written.
+    pub fn put_counted(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<(PutOutcome, usize), StoreError> {
+        self.run(self.client.put_counted(key, value, config))
+    }
+
     pub fn put_parts(
         &self,
         key: &str,

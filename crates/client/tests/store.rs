@@ -95,6 +95,46 @@ async fn second_put_keeps_the_first_write_and_says_so() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_put_of_a_key_another_client_is_still_writing_is_not_ready_not_success() {
+    let master = start_master().await;
+    let a = node(&master, 16 << 20, TransportMode::Auto).await;
+    let writer = node(&master, 0, TransportMode::Auto).await;
+    let cfg = ReplicateConfig::default();
+    assert_eq!(
+        a.put("done", b"first", &cfg).await.unwrap(),
+        PutOutcome::Stored
+    );
+    // The writer starts a put and never finishes it (a process that died mid-put): another
+    // client's put stores nothing, so it must not report success.
+    writer
+        .master()
+        .put_start(writer.client_id(), "k", 5, &cfg, "")
+        .await
+        .unwrap();
+    let err = a.put("k", b"second", &cfg).await.unwrap_err();
+    assert_eq!(err.code(), ErrorCode::REPLICA_IS_NOT_READY, "{err}");
+    let items: [(&str, &[u8]); 3] = [("k", b"x"), ("done", b"y"), ("new", b"z")];
+    let results = a.put_batch(&items, &cfg).await;
+    assert_eq!(
+        results[0].as_ref().unwrap_err().code(),
+        ErrorCode::REPLICA_IS_NOT_READY
+    );
+    // A complete key is still AlreadyPresent (success, the first value stays).
+    assert_eq!(results[1].as_ref().unwrap(), &PutOutcome::AlreadyPresent);
+    assert_eq!(results[2].as_ref().unwrap(), &PutOutcome::Stored);
+    assert_eq!(
+        a.put("done", b"again", &cfg).await.unwrap(),
+        PutOutcome::AlreadyPresent
+    );
+    assert!(!a.is_exist("k").await.unwrap());
+    assert_eq!(a.get("done").await.unwrap(), b"first");
+    for client in [a, writer] {
+        client.close().await.unwrap();
+    }
+    master.shutdown().await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_keys_full_stores_and_small_buffers_get_clear_errors() {
     let master = start_master().await;
     let a = node(&master, 1 << 20, TransportMode::Auto).await;

@@ -148,8 +148,9 @@ async fn put_sessions_write_layers_then_get_sessions_read_them_without_the_maste
     assert!(!client.is_exist("s/0").await.unwrap());
     let again = client.batch_put_session_start(&sizes[..1], &cfg).await;
     assert_eq!(code(&again[0]), ErrorCode::INVALID_PARAMS);
+    // Another client: the key is being written (nothing stored, not a success).
     let other = store.batch_put_session_start(&sizes[..1], &cfg).await;
-    assert_eq!(code(&other[0]), ErrorCode::OBJECT_ALREADY_EXISTS);
+    assert_eq!(code(&other[0]), ErrorCode::REPLICA_IS_NOT_READY);
     for layer in (0..layers).rev() {
         let fragments: Vec<RangeWrite<'_>> = (0..2)
             .map(|k| RangeWrite {

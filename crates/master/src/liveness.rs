@@ -6,8 +6,9 @@
 //! unmounts, OK status and host; *prepares* the unmount of each of its segments (their allocators
 //! die, so every replica on them is unreadable at once; each is observed as `SegmentUnmounted`);
 //! sweeps every shard once (erasing dead COMPLETE replicas and the objects left without a valid
-//! replica, with their quota); then *commits* the unmounts. The segment lock is never held during
-//! the sweep.
+//! replica, with their quota, and reaping the puts and upserts the expired clients left in flight:
+//! their PROCESSING replicas are freed at once and the key is free for another writer); then
+//! *commits* the unmounts. The segment lock is never held during the sweep.
 
 use mooncake_common::{ClientId, ClientStatus, ErrorCode, PingResponse};
 
@@ -74,8 +75,10 @@ impl MasterService {
         }
         // Every handle into those segments dies here: their replicas are unreadable from now on.
         drop(allocators);
+        // One pass: the replicas on those segments, and the writes the expired clients left in
+        // flight (their keys are free for another writer at once, their space freed).
+        self.sweep_dead(&expired);
         if !prepared.is_empty() {
-            self.clear_invalid_handles();
             let mut segs = self.segments.inner.write();
             for id in prepared {
                 segs.commit_unmount(id);

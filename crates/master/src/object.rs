@@ -322,6 +322,18 @@ impl ObjectMetadata {
         out
     }
 
+    /// A write whose writer is one of `dead` (clients the monitor expired): its PROCESSING
+    /// replicas are taken out (to be freed once the change is observed) and the object leaves
+    /// processing. Nothing for a complete object or a live writer.
+    pub fn reap_write_of(&mut self, dead: &[ClientId]) -> Removed {
+        if !self.is_processing() || !dead.contains(&self.client_id) {
+            return Removed::new();
+        }
+        let reaped = self.extract_replicas(|r| r.status == ReplicaStatus::PROCESSING);
+        self.set(FLAG_PROCESSING, false);
+        reaped
+    }
+
     pub fn account(&self) -> Option<&Arc<TenantAccount>> {
         self.extra.as_ref().and_then(|e| e.account.as_ref())
     }

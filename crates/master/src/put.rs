@@ -133,8 +133,9 @@ impl MasterService {
     /// names), records the object as PROCESSING and returns the descriptors (all PROCESSING).
     ///
     /// Errors: INVALID_PARAMS (bad config, empty/oversized key, zero size, bad tenant, bad soft
-    /// pin), OBJECT_ALREADY_EXISTS (a COMPLETE replica exists, or another put of the key started
-    /// within `put_start_discard_timeout`), NO_AVAILABLE_HANDLE (no space anywhere). An older
+    /// pin), OBJECT_ALREADY_EXISTS (a COMPLETE replica exists), REPLICA_IS_NOT_READY (no COMPLETE
+    /// replica, and another put of the key started within `put_start_discard_timeout`: a write
+    /// in flight), NO_AVAILABLE_HANDLE (no space anywhere). An older
     /// unfinished put is pre-empted: its buffers stay allocated until `put_start +
     /// put_start_release_timeout`.
     pub fn put_start(
@@ -238,7 +239,8 @@ impl MasterService {
     }
 
     /// Phase 2: what is at the key. A put refuses a live value (`OBJECT_ALREADY_EXISTS`: a
-    /// COMPLETE replica, or another put started within the discard timeout) and pre-empts an
+    /// COMPLETE replica; `REPLICA_IS_NOT_READY`: another put started within the discard
+    /// timeout and not finished) and pre-empts an
     /// older unfinished one (its buffers discarded until its own release time). An upsert checks
     /// group, task and busy replicas, pre-empts an in-flight write at once, then rewrites a
     /// same-size value in place or discards the old value. Whatever is left is erased.
@@ -257,9 +259,14 @@ impl MasterService {
             if meta.is_valid() {
                 match start.mode {
                     StartMode::Put => {
-                        let recent = meta.put_start_ms.saturating_add(discard_ms) >= now;
-                        if meta.has_complete() || recent {
+                        if meta.has_complete() {
                             return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
+                        }
+                        if meta.put_start_ms.saturating_add(discard_ms) >= now {
+                            // Another write is in flight: nothing readable yet, and this put
+                            // stores nothing. Not "already exists" (a client reports that as
+                            // success), upstream's code for replicas still PROCESSING.
+                            return Err(ErrorCode::REPLICA_IS_NOT_READY);
                         }
                         let release_at = meta.put_start_ms.saturating_add(release_ms);
                         edit.discard(meta.take_replicas(), release_at);

@@ -207,6 +207,14 @@ impl MasterService {
     /// `SegmentUnmounted` observed first); the dropped replicas and buffers are not (they are not
     /// in any record).
     pub(crate) fn clear_invalid_handles(&self) -> usize {
+        self.sweep_dead(&[])
+    }
+
+    /// [`MasterService::clear_invalid_handles`] that also reaps, in the same pass, the writes
+    /// left in flight by `dead_writers` (clients the monitor expired): their PROCESSING replicas
+    /// are taken out and freed at once, after the object's change (its record, or `Erase` when
+    /// nothing valid is left) is observed.
+    pub(crate) fn sweep_dead(&self, dead_writers: &[ClientId]) -> usize {
         let mut erased = 0;
         for i in 0..SHARD_COUNT {
             let mut shard = self.index.shard_at(i).write();
@@ -215,11 +223,16 @@ impl MasterService {
                 state.objects.retain(|entry| {
                     ahead.step();
                     entry.meta.drop_dead_complete_replicas();
+                    let reaped = entry.meta.reap_write_of(dead_writers);
                     let keep = entry.meta.is_valid();
                     if !keep {
                         erased += 1;
                         self.emit_erase(tenant, &entry.key);
+                    } else if !reaped.is_empty() {
+                        self.emit_entry(tenant, entry);
                     }
+                    // Emit before free: the reaped buffers go back to their allocators here.
+                    drop(reaped);
                     keep
                 });
             }

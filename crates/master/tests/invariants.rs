@@ -190,9 +190,16 @@ fn inv4_second_put_start_on_a_live_key_is_already_exists() {
     );
     m.put_start(C1, "inflight", 10, &cfg(1), "").unwrap();
     clock.advance(30_000); // exactly the discard timeout: still protected
+                           // Nothing readable yet: not "already exists" (which a client reports as success) but
+                           // upstream's code for replicas still PROCESSING.
     assert_eq!(
         m.put_start(C2, "inflight", 10, &cfg(1), ""),
-        Err(ErrorCode::OBJECT_ALREADY_EXISTS)
+        Err(ErrorCode::REPLICA_IS_NOT_READY)
+    );
+    assert_eq!(
+        m.put_start(C1, "inflight", 10, &cfg(1), ""),
+        Err(ErrorCode::REPLICA_IS_NOT_READY),
+        "the writer's own second start too"
     );
     clock.advance(10 * 60_000);
     // A COMPLETE object is never pre-empted, however old.

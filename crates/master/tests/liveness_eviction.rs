@@ -115,6 +115,53 @@ fn client_death_makes_replicas_unreadable_before_the_sweep_finishes() {
 }
 
 #[test]
+fn an_expired_writers_puts_are_reaped_at_once_key_free_and_space_freed() {
+    // C1 owns the segment and keeps pinging; C2 starts a put and an upsert, then goes silent
+    // (a writer process that died mid-put). Within its TTL the key is refused to others with
+    // REPLICA_IS_NOT_READY; once the monitor expires C2 (10 s TTL here, not the 30 s discard
+    // or 600 s release timeouts), both keys are free and their space is back at once.
+    let (clock, m) = master();
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.ping(C1).unwrap();
+    m.ping(C2).unwrap();
+    put_cfg(&m, C1, "old", 200, &on("a"));
+    m.run_client_monitor_once();
+    m.put_start(C2, "dead-put", 1000, &on("a"), "").unwrap();
+    m.upsert_start(C2, "old", 200, &on("a"), "").unwrap(); // same size: rewritten in place
+    let used = |m: &mooncake_master::MasterService| m.segment_usage()[0].used_bytes;
+    assert_eq!(used(&m), Some(1200));
+    assert_eq!(
+        m.put_start(C1, "dead-put", 10, &on("a"), ""),
+        Err(ErrorCode::REPLICA_IS_NOT_READY)
+    );
+    for _ in 0..10 {
+        clock.advance(1000);
+        m.ping(C1).unwrap();
+        assert_eq!(m.run_client_monitor_once(), 0, "within C2's TTL");
+        assert_eq!(used(&m), Some(1200), "nothing freed before C2 expires");
+    }
+    clock.advance(1);
+    m.ping(C1).unwrap();
+    assert_eq!(m.run_client_monitor_once(), 1, "C2 expired");
+    assert_eq!(used(&m), Some(0), "the dead writer's space is free at once");
+    assert_eq!(m.discarded_replica_count(), 0);
+    assert!(m.object_info("dead-put", "").unwrap().is_none(), "erased");
+    assert!(
+        m.object_info("old", "").unwrap().is_none(),
+        "its rewrite took it"
+    );
+    assert_accounting(&m);
+    // The key is free for another writer now; the dead writer's late End is refused.
+    put_cfg(&m, C1, "dead-put", 10, &on("a"));
+    assert!(m.get_replica_list("dead-put", "").is_ok());
+    assert_eq!(
+        m.put_end(C2, &ObjectMeta::new("dead-put"), ReplicaType::ALL, ""),
+        Err(ErrorCode::ILLEGAL_CLIENT)
+    );
+    assert_accounting(&m);
+}
+
+#[test]
 fn full_ping_queue_is_internal_error_and_the_monitor_drains_it() {
     let (_, m) = master();
     for i in 0..PING_QUEUE_CAPACITY {

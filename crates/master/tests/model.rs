@@ -316,8 +316,12 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
             let size = units * UNIT;
             let got = m.put_start(client(c), &key(k), size, &cfg(replicas), "");
             if let Some(o) = model.objects.get(&k) {
-                if o.complete || o.put_start_ms + DISCARD_MS >= now {
+                if o.complete {
                     assert_eq!(got, Err(ErrorCode::OBJECT_ALREADY_EXISTS), "{op:?}");
+                    return;
+                }
+                if o.put_start_ms + DISCARD_MS >= now {
+                    assert_eq!(got, Err(ErrorCode::REPLICA_IS_NOT_READY), "{op:?}");
                     return;
                 }
                 let o = model.objects.remove(&k).unwrap();
@@ -533,6 +537,8 @@ fn monitor(m: &MasterService, model: &mut Model, op: &Op, now: u64) {
     for c in expired {
         model.deadlines.remove(&c);
         model.ok_clients.remove(&c);
+        // Its writes in flight are reaped at once: the keys are free, the space too.
+        model.objects.retain(|_, o| o.complete || o.writer != c);
         if c == 1 {
             // Client 1 owns every segment.
             let ids: Vec<u64> = model.mounted.keys().copied().collect();

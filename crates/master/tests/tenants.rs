@@ -537,8 +537,12 @@ mod tenant_model {
             return;
         }
         if let Some(o) = model.objects.get(&(t, k)) {
-            if o.complete || o.start_ms + 30_000 >= now {
+            if o.complete {
                 assert_eq!(got, Err(ErrorCode::OBJECT_ALREADY_EXISTS), "{op:?}");
+                return;
+            }
+            if o.start_ms + 30_000 >= now {
+                assert_eq!(got, Err(ErrorCode::REPLICA_IS_NOT_READY), "{op:?}");
                 return;
             }
             model.objects.remove(&(t, k)); // pre-empted: refunded

@@ -97,10 +97,10 @@ fn upsert_preempts_an_in_flight_put_at_once() {
     let (_, m) = master();
     m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
     m.put_start(C1, "k", 100, &cfg(1), "").unwrap();
-    // A put would be OBJECT_ALREADY_EXISTS for 30 s; an upsert takes over immediately.
+    // A put is refused for 30 s (REPLICA_IS_NOT_READY); an upsert takes over immediately.
     assert_eq!(
         m.put_start(C2, "k", 100, &cfg(1), ""),
-        Err(ErrorCode::OBJECT_ALREADY_EXISTS)
+        Err(ErrorCode::REPLICA_IS_NOT_READY)
     );
     m.upsert_start(C2, "k", 100, &cfg(1), "").unwrap();
     assert_eq!(m.discarded_replica_count(), 1);

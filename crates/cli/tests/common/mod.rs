@@ -184,14 +184,26 @@ impl StoreNode {
     /// from this process's environment: a token comes only from `extra`) and waits (at most
     /// 20 s) for its first line, which names its endpoint.
     pub fn start(master: &str, segment: &str, extra: &[&str]) -> StoreNode {
+        StoreNode::start_logging(master, segment, extra, "error", Stdio::inherit())
+    }
+
+    /// [`StoreNode::start`] with `MOONCAKE_LOG=log` and the node's stderr sent to `stderr` (a
+    /// file to read back).
+    pub fn start_logging(
+        master: &str,
+        segment: &str,
+        extra: &[&str],
+        log: &str,
+        stderr: Stdio,
+    ) -> StoreNode {
         let mut child = Command::new(BIN)
             .args(["store", "--master", master, "--segment-size", segment])
             .args(extra)
             .env_remove("MC_AUTH_TOKEN")
             .env_remove("MC_AUTH_TOKEN_FILE")
-            .env("MOONCAKE_LOG", "error")
+            .env("MOONCAKE_LOG", log)
             .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
+            .stderr(stderr)
             .spawn()
             .expect("start mooncake store");
         let line = first_line(&mut child, Duration::from_secs(20)).expect("store node exited");

@@ -174,8 +174,10 @@ async fn heartbeat_once(inner: &Inner) -> Result<ClientStatus, StoreError> {
         inner.verify_pending.store(true, Ordering::Release);
         if inner.was_ok.load(Ordering::Acquire) {
             tracing::info!(
+                master = %inner.config.master_addr,
                 segments = count,
-                "re-mounted at the master (it restarted, or had expired this client)"
+                "re-joined the master (it restarted, or had expired this client): segments \
+                 re-mounted"
             );
         }
     }

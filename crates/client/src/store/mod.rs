@@ -65,8 +65,9 @@ use endpoints::EndpointCache;
 pub enum PutOutcome {
     /// The bytes were written and the object is visible.
     Stored,
-    /// The key already existed (or another client was writing it); the first write stays and
-    /// nothing was written. Upstream reports success here too; engines rely on it.
+    /// The key already existed, complete; the first write stays and nothing was written.
+    /// Upstream reports success here too; engines rely on it. (A key another write still holds
+    /// in flight is not this: the put fails with REPLICA_IS_NOT_READY.)
     AlreadyPresent,
 }
 

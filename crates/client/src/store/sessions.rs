@@ -169,7 +169,8 @@ impl StoreClient {
 
     /// Starts a put session for every `(key, size)`: one BatchPutStart reserves the objects
     /// (not yet visible). One result per item: `Ok`, OBJECT_ALREADY_EXISTS for a key that
-    /// exists or is being written, `InvalidParams` for a key with a session open here.
+    /// exists, REPLICA_IS_NOT_READY for a key another client is writing, `InvalidParams` for a
+    /// key with a session open here.
     pub async fn batch_put_session_start(
         &self,
         items: &[(&str, u64)],

@@ -80,6 +80,19 @@ impl StoreClient {
         self.put_parts(key, &[value], config).await
     }
 
+    /// [`StoreClient::put`] that also says how many replicas it wrote: the number the master
+    /// placed, which may be fewer than `config.replica_num` (one per node at most, and only
+    /// where there is room); 0 when the key was already present.
+    pub async fn put_counted(
+        &self,
+        key: &str,
+        value: &[u8],
+        config: &ReplicateConfig,
+    ) -> Result<(PutOutcome, usize), StoreError> {
+        self.write_parts_counted(WriteMode::Put, key, &[value], config)
+            .await
+    }
+
     /// Stores the concatenation of `parts` (no concatenation copy is made).
     pub async fn put_parts(
         &self,
@@ -137,7 +150,9 @@ impl StoreClient {
 
     /// The two-phase write of the concatenation of `parts` shared by put and upsert: start
     /// (allocate) → write every replica → end, or revoke on any failure. A put of a key that
-    /// exists (OBJECT_ALREADY_EXISTS) is `AlreadyPresent`; an upsert that succeeds is `Stored`.
+    /// exists (OBJECT_ALREADY_EXISTS) is `AlreadyPresent`; of a key another write holds in
+    /// flight, the error REPLICA_IS_NOT_READY (nothing stored); an upsert that succeeds is
+    /// `Stored`.
     ///
     /// When a replica's transfer fails for reasons of its node (see
     /// [`TransferError::is_peer_failure`]) and the revoke succeeded, the node's endpoint is
@@ -151,6 +166,19 @@ impl StoreClient {
         parts: &[&[u8]],
         config: &ReplicateConfig,
     ) -> Result<PutOutcome, StoreError> {
+        self.write_parts_counted(mode, key, parts, config)
+            .await
+            .map(|(outcome, _)| outcome)
+    }
+
+    /// [`StoreClient::write_parts`] with the number of replicas written (0 when none).
+    async fn write_parts_counted(
+        &self,
+        mode: WriteMode,
+        key: &str,
+        parts: &[&[u8]],
+        config: &ReplicateConfig,
+    ) -> Result<(PutOutcome, usize), StoreError> {
         self.check_open()?;
         let total: u64 = parts.iter().map(|p| p.len() as u64).sum();
         // Refused before the master hears of it: nothing is reserved, no key left behind.
@@ -173,7 +201,7 @@ impl StoreClient {
 
     /// One start → write → end (or revoke) of [`StoreClient::write_parts`]. A write leg that
     /// failed for reasons of its nodes reports them and is `Attempt::Retry` when the revoke
-    /// went through (the key is free again).
+    /// went through (the key is free again). With the number of replicas written.
     async fn write_once(
         &self,
         mode: WriteMode,
@@ -181,7 +209,7 @@ impl StoreClient {
         parts: &[&[u8]],
         total: u64,
         config: &ReplicateConfig,
-    ) -> Result<PutOutcome, Attempt> {
+    ) -> Result<(PutOutcome, usize), Attempt> {
         let inner = &self.inner;
         let (master, client, tenant) = (&inner.master, inner.client_id, self.tenant());
         let replicas = match master
@@ -192,7 +220,7 @@ impl StoreClient {
             Err(MasterError::Master(ErrorCode::OBJECT_ALREADY_EXISTS))
                 if mode == WriteMode::Put =>
             {
-                return Ok(PutOutcome::AlreadyPresent)
+                return Ok((PutOutcome::AlreadyPresent, 0))
             }
             Err(error) => return Err(Attempt::Final(error.into())),
         };
@@ -210,7 +238,7 @@ impl StoreClient {
                     .write_end(mode, client, meta, tenant)
                     .await
                     .map_err(|e| Attempt::Final(e.into()))?;
-                Ok(PutOutcome::Stored)
+                Ok((PutOutcome::Stored, replicas.len()))
             }
             Err(failure) => {
                 let revoked = master.write_revoke(mode, client, key, tenant).await.is_ok();
