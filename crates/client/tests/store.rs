@@ -598,3 +598,40 @@ async fn replica_descriptors_by_batch_and_segment_names() {
     a.close().await.unwrap();
     master.shutdown().await;
 }
+
+/// A get holds its object only while it reads (a read pin, released with the client's next
+/// lookup), so a plain Remove succeeds right after it; a descriptor read keeps upstream's lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_finished_get_releases_its_object_and_descriptor_reads_keep_the_lease() {
+    let master = start_master().await;
+    let c = node(&master, 16 << 20, TransportMode::Auto).await;
+    let one = ReplicateConfig::default();
+    for key in ["a", "b", "c", "d", "e"] {
+        c.put(key, &pattern(4096, 1), &one).await.unwrap();
+    }
+    assert_eq!(c.get("a").await.unwrap(), pattern(4096, 1));
+    let batch = c.get_batch(&["b", "missing"]).await;
+    assert!(batch[0].is_ok() && batch[1].is_err());
+    // The releases of a and b ride on this lookup; e's own read is still held.
+    c.get("e").await.unwrap();
+    c.remove("a", false).await.unwrap();
+    c.remove("b", false).await.unwrap();
+    let held = c.remove("e", false).await.unwrap_err();
+    assert_eq!(
+        held.master_code(),
+        Some(ErrorCode::OBJECT_HAS_LEASE),
+        "{held}"
+    );
+    // Descriptor readers keep the full lease (10 s), as upstream.
+    c.get_replica_desc("c").await.unwrap();
+    c.get("d").await.unwrap();
+    c.get("d").await.unwrap();
+    let leased = c.remove("c", false).await.unwrap_err();
+    assert_eq!(
+        leased.master_code(),
+        Some(ErrorCode::OBJECT_HAS_LEASE),
+        "{leased}"
+    );
+    c.remove("c", true).await.unwrap();
+    c.close().await.unwrap();
+}

@@ -181,6 +181,8 @@ struct Inner {
     /// Keys whose pinned read finished, to release with the next pinned read or heartbeat
     /// (`pins.rs`).
     finished_reads: Mutex<Vec<String>>,
+    /// The master answered a pinned lookup `NOT_SUPPORTED` (it predates read pins).
+    pins_unsupported: AtomicBool,
 }
 
 /// An async store client. Cheap to clone; all clones share one connection and engine.
@@ -340,6 +342,7 @@ impl StoreClient {
             verify_pending: AtomicBool::new(false),
             stats: StoreStats::default(),
             finished_reads: Mutex::new(Vec::new()),
+            pins_unsupported: AtomicBool::new(false),
             config,
         });
         let client = StoreClient {

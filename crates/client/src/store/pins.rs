@@ -4,9 +4,14 @@
 //! `release` list) or, when the client reads no more, goes out with the heartbeat
 //! (`ReleaseReads`) and at close. A lookup whose call fails loses its piggybacked releases: they
 //! lapse at the master after the lease TTL (re-sending could release another reader's pin).
+//! A master that predates read pins answers them `NOT_SUPPORTED`: the client then reads with
+//! the lease (methods 3 and 4) for the rest of its life and queues nothing.
 
-use mooncake_common::GetReplicaListResponse;
+use mooncake_common::{ErrorCode, GetReplicaListResponse};
 use mooncake_proto::limits::DEFAULT_MAX_BATCH_LEN;
+use std::sync::atomic::Ordering;
+
+use crate::master_client::MasterError;
 
 use super::{Inner, StoreClient, StoreError};
 
@@ -38,8 +43,26 @@ pub(super) async fn release_finished(inner: &Inner) {
 }
 
 impl StoreClient {
+    /// Whether lookups for reads take read pins (false once the master refused them).
+    pub(super) fn pins_served(&self) -> bool {
+        !self.inner.pins_unsupported.load(Ordering::Relaxed)
+    }
+
+    /// Whether `result` says the master does not serve read pins (then remembered).
+    pub(super) fn refuses_pins<T>(&self, result: &Result<T, MasterError>) -> bool {
+        let refused = matches!(result, Err(e) if e.code() == ErrorCode::NOT_SUPPORTED);
+        if refused {
+            self.inner.pins_unsupported.store(true, Ordering::Relaxed);
+            self.inner.finished_reads.lock().clear();
+        }
+        refused
+    }
+
     /// Queues the keys of finished pinned reads for release.
     pub(super) fn finish_reads<'k>(&self, keys: impl IntoIterator<Item = &'k str>) {
+        if !self.pins_served() {
+            return;
+        }
         let mut queue = self.inner.finished_reads.lock();
         queue.extend(keys.into_iter().map(str::to_string));
     }
@@ -59,11 +82,16 @@ impl StoreClient {
         &self,
         key: &str,
     ) -> Result<GetReplicaListResponse, StoreError> {
-        let release = self.take_finished_reads();
-        Ok(self
-            .inner
-            .master
-            .get_replica_list_pinned(key, self.tenant(), release)
-            .await?)
+        let master = &self.inner.master;
+        if self.pins_served() {
+            let release = self.take_finished_reads();
+            let result = master
+                .get_replica_list_pinned(key, self.tenant(), release)
+                .await;
+            if !self.refuses_pins(&result) {
+                return Ok(result?);
+            }
+        }
+        Ok(master.get_replica_list(key, self.tenant()).await?)
     }
 }

@@ -301,15 +301,25 @@ impl StoreClient {
         pinned: bool,
     ) -> Result<Vec<Result<(u64, GetReplicaListResponse), StoreError>>, StoreError> {
         self.check_open()?;
-        let owned: Vec<String> = keys.iter().map(|k| k.to_string()).collect();
+        let owned = || keys.iter().map(|k| k.to_string()).collect::<Vec<String>>();
         let master = &self.inner.master;
-        let responses = if pinned {
+        let mut answer = None;
+        if pinned && self.pins_served() {
             let release = self.take_finished_reads();
-            master
-                .batch_get_replica_list_pinned(owned, self.tenant(), release)
-                .await?
-        } else {
-            master.batch_get_replica_list(owned, self.tenant()).await?
+            let result = master
+                .batch_get_replica_list_pinned(owned(), self.tenant(), release)
+                .await;
+            if !self.refuses_pins(&result) {
+                answer = Some(result?);
+            }
+        }
+        let responses = match answer {
+            Some(responses) => responses,
+            None => {
+                master
+                    .batch_get_replica_list(owned(), self.tenant())
+                    .await?
+            }
         };
         if responses.len() != keys.len() {
             return Err(StoreError::InvalidParams(
