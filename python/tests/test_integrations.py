@@ -166,6 +166,20 @@ def test_is_exist_grants_the_read_lease(store, key):
     assert store.remove(key, force=True) == 0
 
 
+def test_a_finished_get_holds_nothing(store, key):
+    # A get takes a read pin, not the 10 s lease: once the read is over (released with the next
+    # lookup) a plain remove succeeds. A descriptor read keeps the lease, as upstream.
+    assert store.put(key, b"v") == 0
+    assert store.put(key + "/other", b"w") == 0
+    assert store.get(key) == b"v"
+    assert store.get_batch([key + "/other"]) == [b"w"]
+    assert store.remove(key) == 0
+    assert store.get_replica_desc(key + "/other") is not None
+    assert store.get(key + "/missing") == b""
+    assert store.remove(key + "/other") == OBJECT_HAS_LEASE
+    assert store.remove(key + "/other", force=True) == 0
+
+
 def test_full_store_returns_no_available_handle():
     m = Master()
     # local_buffer_size above the largest value: the full store, not the cap, refuses it.
