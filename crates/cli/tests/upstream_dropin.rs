@@ -16,6 +16,7 @@ use mooncake_common::{
 use mooncake_proto::methods as m;
 use mooncake_rpc::ClientConfig;
 use mooncake_server::config::{find_flag, Origin, FLAGS};
+use mooncake_server::metrics::{UpstreamFamily, UPSTREAM_DASHBOARD_FAMILIES, UPSTREAM_FAMILIES};
 use std::path::{Path, PathBuf};
 use std::process::Stdio;
 use std::time::Duration;
@@ -330,323 +331,21 @@ fn a_flag_asking_for_a_feature_not_built_stops_the_start() {
     }
 }
 
-/// Upstream's `/metrics` families whose feature mooncake-rs builds: (name, TYPE, feature).
-/// Upstream's families left out, and why, are listed in docs/master-server.md.
-const UPSTREAM_FAMILIES: &[(&str, &str, &str)] = &[
-    ("master_allocated_bytes", "gauge", "memory segments"),
-    ("master_total_capacity_bytes", "gauge", "memory segments"),
-    ("segment_allocated_bytes", "gauge", "memory segments"),
-    ("segment_total_capacity_bytes", "gauge", "memory segments"),
-    ("master_key_count", "gauge", "objects"),
-    ("master_soft_pin_key_count", "gauge", "soft pins"),
-    ("master_active_clients", "gauge", "client liveness"),
-    ("master_value_size_bytes", "histogram", "puts"),
-    ("master_exist_key_requests_total", "counter", "RPC counters"),
-    ("master_exist_key_failures_total", "counter", "RPC counters"),
-    ("master_put_start_requests_total", "counter", "RPC counters"),
-    ("master_put_start_failures_total", "counter", "RPC counters"),
-    ("master_put_start_alloc_failures_total", "counter", "puts"),
-    (
-        "master_put_start_partial_allocations_total",
-        "counter",
-        "puts",
-    ),
-    ("master_put_end_requests_total", "counter", "RPC counters"),
-    ("master_put_end_failures_total", "counter", "RPC counters"),
-    (
-        "master_put_revoke_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_put_revoke_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_get_replica_list_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_get_replica_list_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_get_replica_list_by_regex_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_get_replica_list_by_regex_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    ("master_remove_requests_total", "counter", "RPC counters"),
-    ("master_remove_failures_total", "counter", "RPC counters"),
-    (
-        "master_remove_by_regex_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_remove_by_regex_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_remove_all_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_remove_all_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_mount_segment_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_mount_segment_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_unmount_segment_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_unmount_segment_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_remount_segment_requests_total",
-        "counter",
-        "RPC counters",
-    ),
-    (
-        "master_remount_segment_failures_total",
-        "counter",
-        "RPC counters",
-    ),
-    ("master_ping_requests_total", "counter", "RPC counters"),
-    ("master_ping_failures_total", "counter", "RPC counters"),
-    ("master_copy_start_requests_total", "counter", "copy/move"),
-    ("master_copy_start_failures_total", "counter", "copy/move"),
-    ("master_copy_end_requests_total", "counter", "copy/move"),
-    ("master_copy_end_failures_total", "counter", "copy/move"),
-    ("master_copy_revoke_requests_total", "counter", "copy/move"),
-    ("master_copy_revoke_failures_total", "counter", "copy/move"),
-    ("master_move_start_requests_total", "counter", "copy/move"),
-    ("master_move_start_failures_total", "counter", "copy/move"),
-    ("master_move_end_requests_total", "counter", "copy/move"),
-    ("master_move_end_failures_total", "counter", "copy/move"),
-    ("master_move_revoke_requests_total", "counter", "copy/move"),
-    ("master_move_revoke_failures_total", "counter", "copy/move"),
-    (
-        "master_create_copy_task_requests_total",
-        "counter",
-        "task queue",
-    ),
-    (
-        "master_create_copy_task_failures_total",
-        "counter",
-        "task queue",
-    ),
-    (
-        "master_create_move_task_requests_total",
-        "counter",
-        "task queue",
-    ),
-    (
-        "master_create_move_task_failures_total",
-        "counter",
-        "task queue",
-    ),
-    ("master_update_task_requests_total", "counter", "task queue"),
-    ("master_update_task_failures_total", "counter", "task queue"),
-    ("master_query_task_requests_total", "counter", "task queue"),
-    ("master_query_task_failures_total", "counter", "task queue"),
-    ("master_fetch_tasks_requests_total", "counter", "task queue"),
-    ("master_fetch_tasks_failures_total", "counter", "task queue"),
-    (
-        "master_batch_exist_key_requests_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_exist_key_failures_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_exist_key_partial_successes_total",
-        "counter",
-        "batches",
-    ),
-    ("master_batch_exist_key_items_total", "counter", "batches"),
-    (
-        "master_batch_exist_key_failed_items_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_replica_clear_requests_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_replica_clear_failures_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_replica_clear_partial_successes_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_replica_clear_items_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_replica_clear_failed_items_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_get_replica_list_requests_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_get_replica_list_failures_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_get_replica_list_partial_successes_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_get_replica_list_items_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_get_replica_list_failed_items_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_put_start_requests_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_put_start_failures_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_put_start_partial_successes_total",
-        "counter",
-        "batches",
-    ),
-    ("master_batch_put_start_items_total", "counter", "batches"),
-    (
-        "master_batch_put_start_failed_items_total",
-        "counter",
-        "batches",
-    ),
-    ("master_batch_put_end_requests_total", "counter", "batches"),
-    ("master_batch_put_end_failures_total", "counter", "batches"),
-    (
-        "master_batch_put_end_partial_successes_total",
-        "counter",
-        "batches",
-    ),
-    ("master_batch_put_end_items_total", "counter", "batches"),
-    (
-        "master_batch_put_end_failed_items_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_put_revoke_requests_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_put_revoke_failures_total",
-        "counter",
-        "batches",
-    ),
-    (
-        "master_batch_put_revoke_partial_successes_total",
-        "counter",
-        "batches",
-    ),
-    ("master_batch_put_revoke_items_total", "counter", "batches"),
-    (
-        "master_batch_put_revoke_failed_items_total",
-        "counter",
-        "batches",
-    ),
-    ("mem_cache_hit_nums_", "counter", "memory cache hits"),
-    ("mem_cache_hit_bytes_total", "counter", "memory cache hits"),
-    ("mem_cache_nums_", "gauge", "memory cache hits"),
-    ("valid_get_nums_", "counter", "memory cache hits"),
-    ("total_get_nums_", "counter", "memory cache hits"),
-    ("master_successful_evictions_total", "counter", "eviction"),
-    ("master_attempted_evictions_total", "counter", "eviction"),
-    ("master_evicted_key_count", "counter", "eviction"),
-    ("master_evicted_size_bytes", "counter", "eviction"),
-    ("master_put_start_discard_cnt", "counter", "put timeouts"),
-    ("master_put_start_release_cnt", "counter", "put timeouts"),
-    (
-        "master_put_start_discarded_staging_size",
-        "gauge",
-        "put timeouts",
-    ),
-    // Queried by upstream's Grafana dashboard (newer than the release above).
-    (
-        "master_put_start_object_already_exists_total",
-        "counter",
-        "puts",
-    ),
-    (
-        "master_batch_put_start_object_already_exists_total",
-        "counter",
-        "batches",
-    ),
-    ("master_attempted_evictions_mem", "counter", "eviction"),
-    ("master_successful_evictions_mem", "counter", "eviction"),
-    ("master_evicted_key_count_mem", "counter", "eviction"),
-    ("master_evicted_size_bytes_mem", "counter", "eviction"),
-];
-
-/// Families of features mooncake-rs does not build: absent.
-const ABSENT_FAMILIES: &[&str] = &[
-    "master_nof_allocated_bytes",
-    "master_total_nof_capacity_bytes",
-    "master_allocated_file_size_bytes",
-    "master_total_file_capacity_bytes",
-    "file_cache_hit_nums_",
-    "file_cache_nums_",
-    "master_evict_disk_replica_requests_total",
-    "master_batch_query_ip_requests_total",
-    "master_promotion_in_flight",
-    "ha_oplog_last_sequence_id",
-];
+/// Every upstream family in the table that applies is exported with upstream's TYPE; the
+/// families of features not built are absent.
+fn check_upstream_families(body: &str) {
+    let listed = UPSTREAM_FAMILIES.iter().chain(UPSTREAM_DASHBOARD_FAMILIES);
+    for (name, kind, status) in listed {
+        let exported = body.contains(&format!("\n# TYPE {name} "));
+        match status {
+            UpstreamFamily::Exported(feature) => assert!(
+                body.contains(&format!("\n# TYPE {name} {kind}\n")),
+                "{name} ({feature}) is missing or not a {kind}"
+            ),
+            UpstreamFamily::NotBuilt(why) => assert!(!exported, "{name} is exported ({why})"),
+        }
+    }
+}
 
 fn metric(body: &str, name: &str) -> f64 {
     body.lines()
@@ -724,18 +423,16 @@ fn metrics_carry_upstreams_family_names_and_types() {
     });
     let (status, body) = http("GET", master.metrics, "/metrics", b"");
     assert_eq!(status, 200);
-    for (name, kind, feature) in UPSTREAM_FAMILIES {
-        assert!(
-            body.contains(&format!("\n# TYPE {name} {kind}\n")),
-            "{name} ({feature}) is missing or not a {kind}"
-        );
-    }
-    for name in ABSENT_FAMILIES {
-        assert!(
-            !body.contains(&format!("# TYPE {name} ")),
-            "{name} is exported"
-        );
-    }
+    check_upstream_families(&body);
+    // Upstream's labels: the per-segment gauges carry the segment's name.
+    assert_eq!(
+        metric(
+            &body,
+            "segment_total_capacity_bytes{segment=\"127.0.0.1:7501\"}"
+        ),
+        (8 << 20) as f64
+    );
+    assert!(metric(&body, "segment_allocated_bytes{segment=\"127.0.0.1:7501\"}") > 0.0);
     // The values follow the traffic above.
     assert_eq!(metric(&body, "master_soft_pin_key_count"), 1.0);
     assert_eq!(metric(&body, "master_key_count"), 5.0);
@@ -789,5 +486,95 @@ fn metrics_carry_upstreams_family_names_and_types() {
     assert_eq!(
         metric(&body, "master_value_size_bytes_bucket{le=\"+Inf\"}"),
         5.0
+    );
+}
+
+/// Polls `/metrics` (bounded) until `done` holds for the body; returns that body.
+fn metrics_until(master: &MasterProcess, what: &str, done: impl Fn(&str) -> bool) -> String {
+    for _ in 0..600 {
+        let (status, body) = http("GET", master.metrics, "/metrics", b"");
+        assert_eq!(status, 200);
+        if done(&body) {
+            return body;
+        }
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    panic!("/metrics never showed {what}");
+}
+
+#[test]
+fn upstream_eviction_and_discard_families_follow_the_workload() {
+    let master = MasterProcess::start(&[
+        "--put_start_discard_timeout_sec=1",
+        "--put_start_release_timeout_sec=2",
+    ]);
+    let rt = runtime();
+    let mc = client_of(&master);
+    let me = ClientId::random();
+    rt.block_on(async {
+        mc.mount_segment(segment("127.0.0.1:7502", 0x1000_0000, 8 << 20), me)
+            .await
+            .unwrap();
+        // An unfinished put, taken over by a later PutStart once the discard timeout passed.
+        mc.put_start(me, "d", 4096, &ReplicateConfig::default(), "")
+            .await
+            .unwrap();
+        let mut taken_over = false;
+        for _ in 0..300 {
+            if mc
+                .put_start(me, "d", 4096, &ReplicateConfig::default(), "")
+                .await
+                .is_ok()
+            {
+                taken_over = true;
+                break;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+        assert!(taken_over, "the unfinished put was never discarded");
+        mc.put_end(me, ObjectMeta::new("d"), "").await.unwrap();
+        // Twice the segment in 1 MiB objects: eviction has to make room.
+        for i in 0..16 {
+            let key = format!("e{i}");
+            if mc
+                .put_start(me, &key, 1 << 20, &ReplicateConfig::default(), "")
+                .await
+                .is_ok()
+            {
+                mc.put_end(me, ObjectMeta::new(&key), "").await.unwrap();
+            }
+            mc.ping(me).await.unwrap();
+        }
+    });
+    let body = metrics_until(&master, "evictions and a released discard", |body| {
+        let n = |name: &str| metric(body, name);
+        n("master_evicted_key_count") >= 1.0
+            && n("master_put_start_release_cnt") >= 1.0
+            && n("master_put_start_discarded_staging_size") == 0.0
+    });
+    check_upstream_families(&body);
+    let n = |name: &str| metric(&body, name);
+    assert_eq!(n("master_put_start_discard_cnt"), 1.0);
+    assert_eq!(n("master_put_start_release_cnt"), 1.0);
+    assert!(n("master_attempted_evictions_total") >= 1.0);
+    assert!(n("master_successful_evictions_total") >= 1.0);
+    assert!(n("master_evicted_size_bytes") >= n("master_evicted_key_count") * 4096.0);
+    for (memory, total) in [
+        (
+            "master_attempted_evictions_mem",
+            "master_attempted_evictions_total",
+        ),
+        (
+            "master_successful_evictions_mem",
+            "master_successful_evictions_total",
+        ),
+        ("master_evicted_key_count_mem", "master_evicted_key_count"),
+        ("master_evicted_size_bytes_mem", "master_evicted_size_bytes"),
+    ] {
+        assert_eq!(n(memory), n(total), "{memory}");
+    }
+    assert!(
+        n("master_key_count") <= 9.0,
+        "eviction kept the store in bounds"
     );
 }

@@ -437,6 +437,644 @@ pub fn gauge(out: &mut String, name: &str, help: &str, value: f64) {
     );
 }
 
+/// What `/metrics` does with one of upstream's families.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum UpstreamFamily {
+    /// Exported under upstream's name, type and labels; the feature that feeds it.
+    Exported(&'static str),
+    /// Absent: the feature behind it is not built (the reason).
+    NotBuilt(&'static str),
+}
+
+use UpstreamFamily::{Exported, NotBuilt};
+
+const NOF: &str = "NVMe-oF segments are not built";
+const DFS: &str = "the DFS/3FS storage backend is not built";
+const OFFLOAD: &str = "SSD offload and disk replicas are not built";
+const PROMOTION: &str = "promotion on hit is not built";
+const HA: &str = "HA (op-log replication to a standby master) is not built";
+const QUERY_IP: &str = "BatchQueryIp is not served";
+
+/// Every family of upstream's `/metrics` (release 0.3.13, in its order): (name, TYPE, status).
+/// The real-process tests check the binary against it; docs/master-server.md explains it.
+pub const UPSTREAM_FAMILIES: &[(&str, &str, UpstreamFamily)] = &[
+    (
+        "master_allocated_bytes",
+        "gauge",
+        Exported("memory segments"),
+    ),
+    (
+        "master_total_capacity_bytes",
+        "gauge",
+        Exported("memory segments"),
+    ),
+    (
+        "segment_allocated_bytes",
+        "gauge",
+        Exported("memory segments"),
+    ),
+    (
+        "segment_total_capacity_bytes",
+        "gauge",
+        Exported("memory segments"),
+    ),
+    ("master_nof_allocated_bytes", "gauge", NotBuilt(NOF)),
+    ("master_total_nof_capacity_bytes", "gauge", NotBuilt(NOF)),
+    ("master_allocated_file_size_bytes", "gauge", NotBuilt(DFS)),
+    ("master_total_file_capacity_bytes", "gauge", NotBuilt(DFS)),
+    ("master_key_count", "gauge", Exported("object census")),
+    (
+        "master_soft_pin_key_count",
+        "gauge",
+        Exported("object census"),
+    ),
+    (
+        "master_active_clients",
+        "gauge",
+        Exported("client liveness"),
+    ),
+    ("master_value_size_bytes", "histogram", Exported("puts")),
+    (
+        "master_exist_key_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_exist_key_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_put_start_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_put_start_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_put_start_alloc_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_put_start_partial_allocations_total",
+        "counter",
+        Exported("puts"),
+    ),
+    (
+        "master_put_end_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_put_end_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_put_revoke_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_put_revoke_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_get_replica_list_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_get_replica_list_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_get_replica_list_by_regex_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_get_replica_list_by_regex_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remove_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remove_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remove_by_regex_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remove_by_regex_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remove_all_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remove_all_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_mount_segment_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_mount_segment_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_unmount_segment_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_unmount_segment_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remount_segment_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_remount_segment_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_ping_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_ping_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_copy_start_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_copy_start_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_copy_end_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_copy_end_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_copy_revoke_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_copy_revoke_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_move_start_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_move_start_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_move_end_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_move_end_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_move_revoke_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_move_revoke_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_evict_disk_replica_requests_total",
+        "counter",
+        NotBuilt(OFFLOAD),
+    ),
+    (
+        "master_evict_disk_replica_failures_total",
+        "counter",
+        NotBuilt(OFFLOAD),
+    ),
+    (
+        "master_create_copy_task_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_create_copy_task_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_create_move_task_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_create_move_task_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_update_task_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_update_task_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_query_task_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_query_task_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_fetch_tasks_requests_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_fetch_tasks_failures_total",
+        "counter",
+        Exported("RPC counters"),
+    ),
+    (
+        "master_batch_exist_key_requests_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_exist_key_failures_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_exist_key_partial_successes_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_exist_key_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_exist_key_failed_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_query_ip_requests_total",
+        "counter",
+        NotBuilt(QUERY_IP),
+    ),
+    (
+        "master_batch_query_ip_failures_total",
+        "counter",
+        NotBuilt(QUERY_IP),
+    ),
+    (
+        "master_batch_query_ip_partial_successes_total",
+        "counter",
+        NotBuilt(QUERY_IP),
+    ),
+    (
+        "master_batch_query_ip_items_total",
+        "counter",
+        NotBuilt(QUERY_IP),
+    ),
+    (
+        "master_batch_query_ip_failed_items_total",
+        "counter",
+        NotBuilt(QUERY_IP),
+    ),
+    (
+        "master_batch_replica_clear_requests_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_replica_clear_failures_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_replica_clear_partial_successes_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_replica_clear_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_replica_clear_failed_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_get_replica_list_requests_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_get_replica_list_failures_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_get_replica_list_partial_successes_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_get_replica_list_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_get_replica_list_failed_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_start_requests_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_start_failures_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_start_partial_successes_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_start_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_start_failed_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_end_requests_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_end_failures_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_end_partial_successes_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_end_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_end_failed_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_revoke_requests_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_revoke_failures_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_revoke_partial_successes_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_revoke_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    (
+        "master_batch_put_revoke_failed_items_total",
+        "counter",
+        Exported("batch RPC counters"),
+    ),
+    ("mem_cache_hit_nums_", "counter", Exported("gets")),
+    ("file_cache_hit_nums_", "counter", NotBuilt(OFFLOAD)),
+    ("mem_cache_hit_bytes_total", "counter", Exported("gets")),
+    ("file_cache_hit_bytes_total", "counter", NotBuilt(OFFLOAD)),
+    ("mem_cache_nums_", "gauge", Exported("object census")),
+    ("file_cache_nums_", "gauge", NotBuilt(OFFLOAD)),
+    ("valid_get_nums_", "counter", Exported("gets")),
+    ("total_get_nums_", "counter", Exported("gets")),
+    (
+        "master_successful_evictions_total",
+        "counter",
+        Exported("eviction"),
+    ),
+    (
+        "master_attempted_evictions_total",
+        "counter",
+        Exported("eviction"),
+    ),
+    ("master_evicted_key_count", "counter", Exported("eviction")),
+    ("master_evicted_size_bytes", "counter", Exported("eviction")),
+    ("master_put_start_discard_cnt", "counter", Exported("puts")),
+    ("master_put_start_release_cnt", "counter", Exported("puts")),
+    (
+        "master_put_start_discarded_staging_size",
+        "gauge",
+        Exported("puts"),
+    ),
+    ("master_promotion_in_flight", "gauge", NotBuilt(PROMOTION)),
+    (
+        "master_promotion_admitted_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_completed_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_completed_bytes_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_expired_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_failed_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_cancelled_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_rejected_frequency_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_rejected_watermark_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_rejected_cap_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_candidate_recorded_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_candidate_admitted_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_candidate_admission_rejected_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_candidate_expired_evaluated_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_candidate_expired_unevaluated_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    (
+        "master_promotion_candidate_dropped_limit_total",
+        "counter",
+        NotBuilt(PROMOTION),
+    ),
+    ("ha_oplog_last_sequence_id", "gauge", NotBuilt(HA)),
+    ("ha_oplog_applied_sequence_id", "gauge", NotBuilt(HA)),
+    ("ha_oplog_standby_lag", "gauge", NotBuilt(HA)),
+    ("ha_oplog_pending_entries", "gauge", NotBuilt(HA)),
+    ("ha_pending_mutation_queue_size", "gauge", NotBuilt(HA)),
+    ("ha_standby_state", "gauge", NotBuilt(HA)),
+];
+
+/// Families upstream's Grafana dashboard queries (newer than that release) whose feature we build;
+/// its NoF families (`*_nof`, `master_nof_heartbeat_*`, `master_*_nof_segment_*`) stay absent.
+pub const UPSTREAM_DASHBOARD_FAMILIES: &[(&str, &str, UpstreamFamily)] = &[
+    (
+        "master_put_start_object_already_exists_total",
+        "counter",
+        Exported("puts"),
+    ),
+    (
+        "master_batch_put_start_object_already_exists_total",
+        "counter",
+        Exported("puts"),
+    ),
+    (
+        "master_attempted_evictions_mem",
+        "counter",
+        Exported("eviction"),
+    ),
+    (
+        "master_successful_evictions_mem",
+        "counter",
+        Exported("eviction"),
+    ),
+    (
+        "master_evicted_key_count_mem",
+        "counter",
+        Exported("eviction"),
+    ),
+    (
+        "master_evicted_size_bytes_mem",
+        "counter",
+        Exported("eviction"),
+    ),
+];
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -444,6 +1082,7 @@ mod tests {
     use mooncake_proto::methods::{
         BatchPutStart, MarkTaskToComplete, Method, PutStart, ReMountSegment,
     };
+    use std::collections::HashSet;
 
     fn value(text: &str, name: &str) -> Option<u64> {
         text.lines()
@@ -462,6 +1101,20 @@ mod tests {
                 transport_endpoint: "127.0.0.1:1".into(),
             }),
         }
+    }
+
+    #[test]
+    fn upstream_table_lists_each_family_once() {
+        let all: Vec<_> = UPSTREAM_FAMILIES
+            .iter()
+            .chain(UPSTREAM_DASHBOARD_FAMILIES)
+            .collect();
+        let names: HashSet<_> = all.iter().map(|(name, _, _)| *name).collect();
+        assert_eq!(names.len(), all.len());
+        assert_eq!(UPSTREAM_FAMILIES.len(), 136);
+        assert!(all
+            .iter()
+            .all(|(_, kind, _)| ["counter", "gauge", "histogram"].contains(kind)));
     }
 
     #[test]
