@@ -443,6 +443,14 @@ fn a_corrupt_or_truncated_newest_snapshot_falls_back_and_both_bad_start_empty_or
     let (status, body) = http("POST", master.metrics(), "/api/v1/snapshot", b"");
     assert_eq!(status, 200, "{body}");
     assert!(body.contains("\"objects\":12"), "{body}");
+    // Upstream's snapshot families count the two takes.
+    assert_eq!(master.metric("master_snapshot_success"), 2.0);
+    assert_eq!(master.metric("master_snapshot_fail"), 0.0);
+    assert_eq!(master.metric("master_snapshot_duration_ms_count"), 2.0);
+    assert_eq!(
+        master.metric("master_snapshot_duration_ms_bucket{le=\"+Inf\"}"),
+        2.0
+    );
     master.kill();
     let files = snapshot_files(&dir);
     assert_eq!(files.len(), 2);

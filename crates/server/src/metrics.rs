@@ -26,23 +26,64 @@ pub const VALUE_SIZE_BUCKETS: [u64; 7] = [
     64 << 20,
 ];
 
-/// A histogram of byte sizes with fixed bounds; rendered cumulatively as Prometheus wants.
-#[derive(Debug, Default)]
-pub struct SizeHistogram {
-    /// One slot per bound, then the overflow slot (`+Inf` only).
-    slots: [AtomicU64; VALUE_SIZE_BUCKETS.len() + 1],
-    sum: AtomicU64,
-    count: AtomicU64,
+/// Upstream's bucket bounds of `master_snapshot_duration_ms` (0 … 300 s, in ms).
+pub const SNAPSHOT_DURATION_BUCKETS_MS: [u64; 11] = [
+    0, 500, 1000, 5000, 10_000, 30_000, 60_000, 120_000, 180_000, 240_000, 300_000,
+];
+
+/// The bucket bounds of one histogram family.
+pub trait Buckets {
+    const BOUNDS: &'static [u64];
 }
 
-impl SizeHistogram {
-    pub fn observe(&self, bytes: u64) {
-        let slot = VALUE_SIZE_BUCKETS
+/// `master_value_size_bytes`'s buckets.
+#[derive(Debug)]
+pub struct ValueSizeBuckets;
+
+impl Buckets for ValueSizeBuckets {
+    const BOUNDS: &'static [u64] = &VALUE_SIZE_BUCKETS;
+}
+
+/// `master_snapshot_duration_ms`'s buckets.
+#[derive(Debug)]
+pub struct SnapshotDurationBuckets;
+
+impl Buckets for SnapshotDurationBuckets {
+    const BOUNDS: &'static [u64] = &SNAPSHOT_DURATION_BUCKETS_MS;
+}
+
+/// A histogram with fixed bounds; rendered cumulatively as Prometheus wants.
+#[derive(Debug)]
+pub struct Histogram<B: Buckets> {
+    /// One slot per bound, then the overflow slot (`+Inf` only).
+    slots: Vec<AtomicU64>,
+    sum: AtomicU64,
+    count: AtomicU64,
+    bounds: std::marker::PhantomData<B>,
+}
+
+/// Sizes of allocated puts (bytes).
+pub type SizeHistogram = Histogram<ValueSizeBuckets>;
+
+impl<B: Buckets> Default for Histogram<B> {
+    fn default() -> Self {
+        Histogram {
+            slots: (0..=B::BOUNDS.len()).map(|_| AtomicU64::new(0)).collect(),
+            sum: AtomicU64::new(0),
+            count: AtomicU64::new(0),
+            bounds: std::marker::PhantomData,
+        }
+    }
+}
+
+impl<B: Buckets> Histogram<B> {
+    pub fn observe(&self, value: u64) {
+        let slot = B::BOUNDS
             .iter()
-            .position(|&bound| bytes <= bound)
-            .unwrap_or(VALUE_SIZE_BUCKETS.len());
+            .position(|&bound| value <= bound)
+            .unwrap_or(B::BOUNDS.len());
         self.slots[slot].fetch_add(1, Ordering::Relaxed);
-        self.sum.fetch_add(bytes, Ordering::Relaxed);
+        self.sum.fetch_add(value, Ordering::Relaxed);
         self.count.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -54,11 +95,11 @@ impl SizeHistogram {
     pub fn render(&self, out: &mut String, name: &str, help: &str) {
         let _ = writeln!(out, "# HELP {name} {help}\n# TYPE {name} histogram");
         let mut cumulative = 0;
-        for (bound, slot) in VALUE_SIZE_BUCKETS.iter().zip(&self.slots) {
+        for (bound, slot) in B::BOUNDS.iter().zip(&self.slots) {
             cumulative += slot.load(Ordering::Relaxed);
             let _ = writeln!(out, "{name}_bucket{{le=\"{bound}.000000\"}} {cumulative}");
         }
-        cumulative += self.slots[VALUE_SIZE_BUCKETS.len()].load(Ordering::Relaxed);
+        cumulative += self.slots[B::BOUNDS.len()].load(Ordering::Relaxed);
         let _ = writeln!(out, "{name}_bucket{{le=\"+Inf\"}} {cumulative}");
         let _ = writeln!(out, "{name}_sum {}", self.sum.load(Ordering::Relaxed));
         let _ = writeln!(out, "{name}_count {}", self.count.load(Ordering::Relaxed));
@@ -1040,8 +1081,8 @@ pub const UPSTREAM_FAMILIES: &[(&str, &str, UpstreamFamily)] = &[
     ("ha_standby_state", "gauge", NotBuilt(HA)),
 ];
 
-/// Families upstream's Grafana dashboard queries (newer than that release) whose feature we build;
-/// its NoF families (`*_nof`, `master_nof_heartbeat_*`, `master_*_nof_segment_*`) stay absent.
+/// Families of upstream's newer master (its Grafana dashboard queries them) whose feature we
+/// build; its NoF families (`*_nof`, `master_nof_heartbeat_*`, `master_*_nof_segment_*`) stay absent.
 pub const UPSTREAM_DASHBOARD_FAMILIES: &[(&str, &str, UpstreamFamily)] = &[
     (
         "master_put_start_object_already_exists_total",

@@ -19,7 +19,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::SnapshotSettings;
-use crate::metrics::{counter, gauge};
+use crate::metrics::{counter, gauge, Histogram, SnapshotDurationBuckets};
 
 /// For tests only: milliseconds every snapshot pauses after each chunk it writes, so that a test
 /// can act while a take is in progress (kill the process, outlast a call's deadline).
@@ -40,6 +40,8 @@ pub struct SnapshotMetrics {
     pub failed: AtomicU64,
     /// Duration of the last successful take (µs).
     pub last_duration_us: AtomicU64,
+    /// Durations of the successful takes (ms): upstream's `master_snapshot_duration_ms`.
+    pub durations_ms: Histogram<SnapshotDurationBuckets>,
     /// Size of the last successful snapshot file (bytes).
     pub last_bytes: AtomicU64,
     /// Objects in the last successful snapshot.
@@ -69,6 +71,7 @@ impl SnapshotMetrics {
         self.taken.fetch_add(1, Ordering::Relaxed);
         let us = u64::try_from(report.duration.as_micros()).unwrap_or(u64::MAX);
         self.last_duration_us.store(us, Ordering::Relaxed);
+        self.durations_ms.observe(us / 1000);
         self.last_bytes.store(report.bytes, Ordering::Relaxed);
         self.last_objects.store(report.objects, Ordering::Relaxed);
         self.newest_ms.store(now_ms(), Ordering::Relaxed);
@@ -192,6 +195,24 @@ impl SnapshotMetrics {
         for (name, help, value) in counters {
             counter(out, &format!("mooncake_rs_{name}"), help, value);
         }
+        // Upstream's names for the same counts (its newer master).
+        counter(
+            out,
+            "master_snapshot_success",
+            "Total number of successful snapshot operations",
+            get(&self.taken),
+        );
+        counter(
+            out,
+            "master_snapshot_fail",
+            "Total number of failed snapshot operations",
+            get(&self.failed),
+        );
+        self.durations_ms.render(
+            out,
+            "master_snapshot_duration_ms",
+            "Distribution of snapshot operation durations in milliseconds",
+        );
         for (name, help, value) in gauges {
             gauge(out, &format!("mooncake_rs_{name}"), help, value);
         }
