@@ -618,12 +618,35 @@ fn tenant_quotas_over_http_with_a_policy_file() {
             .await
             .unwrap_err();
         assert_eq!(err.code(), ErrorCode::TENANT_QUOTA_EXCEEDED);
+        // 4 KiB + 512 KiB + 768 KiB is over the 1 MiB quota: the tenant-scoped eviction takes
+        // "m1" (the leased "k" stays) and the put goes through.
+        for (key, len) in [("m1", 512u64 << 10), ("m2", 768 << 10)] {
+            mc.put_start(me, key, len, &ReplicateConfig::default(), "alpha")
+                .await
+                .unwrap();
+            mc.put_end(me, ObjectMeta::new(key), "alpha").await.unwrap();
+        }
     });
     let addr = master.metrics;
+    // Upstream's family counts the refusal under the tenant's name.
+    let (status, body) = http("GET", addr, "/metrics", b"");
+    assert_eq!(status, 200);
+    assert!(
+        body.contains("\n# TYPE mooncake_tenant_quota_reject_total counter\n")
+            && body.contains(
+                "\nmooncake_tenant_quota_reject_total{tenant_id=\"alpha\",reason=\"quota_exceeded\"} 1\n"
+            ),
+        "{body}"
+    );
+    assert!(
+        body.contains("\nmooncake_tenant_evict_bytes_total{tenant_id=\"alpha\"} 524288\n"),
+        "{body}"
+    );
     let (status, body) = http("GET", addr, "/api/v1/tenant_quotas", b"");
     assert_eq!(status, 200, "{body}");
     assert!(
-        body.contains("\"tenant_id\":\"alpha\"") && body.contains("\"charged_bytes\":4096"),
+        body.contains("\"tenant_id\":\"alpha\"")
+            && body.contains(&format!("\"charged_bytes\":{}", 4096 + (768 << 10))),
         "{body}"
     );
     let (status, body) = http(

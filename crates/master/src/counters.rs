@@ -1,6 +1,7 @@
 //! Monotonic counters of events only the core sees (upstream's `master_put_start_*_cnt`, inline
 //! eviction), read by the server's `/metrics`. A component: plain atomics, never names `MasterService`.
 
+use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicU64, Ordering};
 
 /// Monotonic event counters kept by the core (upstream's `master_put_start_*_cnt`).
@@ -18,6 +19,8 @@ pub struct MasterCounters {
     /// Objects and bytes inline eviction took.
     inline_evicted_objects: AtomicU64,
     inline_evicted_bytes: AtomicU64,
+    /// Bytes tenant-scoped eviction (a quota deficit) freed, per tenant name.
+    tenant_evicted_bytes: parking_lot::Mutex<BTreeMap<String, u64>>,
 }
 
 impl MasterCounters {
@@ -39,6 +42,26 @@ impl MasterCounters {
             self.inline_evicted_bytes
                 .fetch_add(bytes, Ordering::Relaxed);
         }
+    }
+
+    pub(crate) fn count_tenant_eviction(&self, tenant: &str, bytes: u64) {
+        if bytes > 0 {
+            *self
+                .tenant_evicted_bytes
+                .lock()
+                .entry(tenant.to_string())
+                .or_default() += bytes;
+        }
+    }
+
+    /// Bytes freed by tenant-scoped eviction, per tenant that had some (upstream's
+    /// `mooncake_tenant_evict_bytes_total{tenant_id}`).
+    pub fn tenant_evicted_bytes(&self) -> Vec<(String, u64)> {
+        self.tenant_evicted_bytes
+            .lock()
+            .iter()
+            .map(|(t, b)| (t.clone(), *b))
+            .collect()
     }
 
     /// Inline evictions run (PutStarts that found no space, counted once each, whatever they

@@ -328,7 +328,8 @@ impl MasterService {
                 return Err(ErrorCode::TENANT_QUOTA_EXCEEDED);
             }
             tries += 1;
-            self.evict_for_tenant(tenant, deficit);
+            let freed = self.evict_for_tenant(tenant, deficit);
+            self.counters.count_tenant_eviction(tenant.name(), freed);
         }
         Ok(())
     }

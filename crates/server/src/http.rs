@@ -353,7 +353,7 @@ fn render_rpc_limits(stats: &mooncake_rpc::ServerStats, out: &mut String) {
     }
 }
 
-fn escape_label(value: &str) -> String {
+pub(crate) fn escape_label(value: &str) -> String {
     value
         .replace('\\', "\\\\")
         .replace('"', "\\\"")

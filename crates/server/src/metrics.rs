@@ -12,6 +12,7 @@
 use mooncake_common::{ErrorCode, GetReplicaListResponse, ReplicaDescriptor, ReplicaKind};
 use mooncake_master::MasterCounters;
 use mooncake_proto::METHODS;
+use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};
 
@@ -125,6 +126,8 @@ pub struct RpcMetrics {
     mem_cache_hits: AtomicU64,
     mem_cache_hit_bytes: AtomicU64,
     value_sizes: SizeHistogram,
+    /// PutStarts (single or batch item) refused with TENANT_QUOTA_EXCEEDED, per tenant.
+    tenant_quota_rejects: parking_lot::Mutex<BTreeMap<String, u64>>,
 }
 
 fn counters() -> Vec<AtomicU64> {
@@ -149,6 +152,7 @@ impl Default for RpcMetrics {
             mem_cache_hits: AtomicU64::new(0),
             mem_cache_hit_bytes: AtomicU64::new(0),
             value_sizes: SizeHistogram::default(),
+            tenant_quota_rejects: parking_lot::Mutex::new(BTreeMap::new()),
         }
     }
 }
@@ -252,6 +256,38 @@ impl RpcMetrics {
             }
             Err(ErrorCode::OBJECT_ALREADY_EXISTS) => add(&self.put_start_object_already_exists, 1),
             Err(_) => {}
+        }
+    }
+
+    /// Counts a PutStart result (single or batch item) of `tenant` refused by its quota:
+    /// upstream's `mooncake_tenant_quota_reject_total{tenant_id, reason="quota_exceeded"}`.
+    pub fn record_tenant_quota<T>(&self, tenant: &str, result: &Result<T, ErrorCode>) {
+        if matches!(result, Err(ErrorCode::TENANT_QUOTA_EXCEEDED)) {
+            *self
+                .tenant_quota_rejects
+                .lock()
+                .entry(if tenant.is_empty() {
+                    mooncake_common::DEFAULT_TENANT.to_string()
+                } else {
+                    tenant.to_string()
+                })
+                .or_default() += 1;
+        }
+    }
+
+    /// Appends upstream's `mooncake_tenant_quota_reject_total`, one sample per tenant refused.
+    fn render_tenant_quota_rejects(&self, out: &mut String) {
+        let name = "mooncake_tenant_quota_reject_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Total number of tenant quota admission rejects\n# TYPE {name} counter"
+        );
+        for (tenant, n) in self.tenant_quota_rejects.lock().iter() {
+            let tenant = crate::http::escape_label(tenant);
+            let _ = writeln!(
+                out,
+                "{name}{{tenant_id=\"{tenant}\",reason=\"quota_exceeded\"}} {n}"
+            );
         }
     }
 
@@ -369,6 +405,7 @@ impl RpcMetrics {
             "master_value_size_bytes",
             "Distribution of object value sizes",
         );
+        self.render_tenant_quota_rejects(out);
     }
 }
 
@@ -430,6 +467,15 @@ impl WorkerMetrics {
                 &format!("{help} from memory"),
                 value,
             );
+        }
+        let name = "mooncake_tenant_evict_bytes_total";
+        let _ = writeln!(
+            out,
+            "# HELP {name} Total bytes evicted by tenant-scoped quota eviction\n# TYPE {name} counter"
+        );
+        for (tenant, bytes) in core.tenant_evicted_bytes() {
+            let tenant = crate::http::escape_label(&tenant);
+            let _ = writeln!(out, "{name}{{tenant_id=\"{tenant}\"}} {bytes}");
         }
         counter(
             out,

@@ -197,6 +197,7 @@ impl Handler for MasterRpc {
                 |metrics, r, reply| {
                     metrics.record(m::PutStart::ID, reply.is_err());
                     metrics.record_put_start(r.value_len, r.config.replica_num, reply, false);
+                    metrics.record_tenant_quota(&r.tenant, reply);
                 },
             ),
             m::BatchPutStart::ID => self.serve_observed(
@@ -211,6 +212,7 @@ impl Handler for MasterRpc {
                         metrics.record_batch(m::BatchPutStart::ID, r.keys.len(), failed, false);
                         for (result, len) in results.iter().zip(&r.value_lens) {
                             metrics.record_put_start(*len, r.config.replica_num, result, true);
+                            metrics.record_tenant_quota(&r.tenant, result);
                         }
                     }
                     Err(_) => metrics.record_batch(m::BatchPutStart::ID, r.keys.len(), 0, true),
