@@ -104,6 +104,20 @@ impl MasterService {
         key: &str,
         tenant: &str,
     ) -> Result<GetReplicaListResponse, ErrorCode> {
+        self.read_entry(key, tenant, |state, entry| {
+            self.get_entry(state, entry, self.clock.now_ms())
+        })
+    }
+
+    /// Runs `f` on the entry of `key` (with its tenant's state) under the shard's read lock:
+    /// the lookup every single-key read shares. OBJECT_NOT_FOUND if the key is absent; an
+    /// unknown tenant's error as [`MasterService::resolve_tenant`] gives it.
+    pub(crate) fn read_entry<R>(
+        &self,
+        key: &str,
+        tenant: &str,
+        f: impl FnOnce(Option<&TenantState>, &ObjectEntry) -> Result<R, ErrorCode>,
+    ) -> Result<R, ErrorCode> {
         let tenant = self.resolve_tenant(tenant)?;
         let hash = self.route(tenant, key);
         let shard = self.index.shard(hash).read();
@@ -111,7 +125,7 @@ impl MasterService {
         let entry = state
             .and_then(|s| s.find(hash, key))
             .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        self.get_entry(state, entry, self.clock.now_ms())
+        f(state, entry)
     }
 
     /// Input indices bucketed by shard, in visiting order: from a random shard walking downward
@@ -289,18 +303,13 @@ impl MasterService {
         key: &str,
         tenant: &str,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
-        let tenant = self.resolve_tenant(tenant)?;
-        let hash = self.route(tenant, key);
-        let shard = self.index.shard(hash).read();
-        let entry = shard
-            .tenant(tenant)
-            .and_then(|s| s.find(hash, key))
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        Ok(entry
-            .meta
-            .replicas
-            .iter()
-            .filter_map(|r: &Replica| r.descriptor(entry.meta.size))
-            .collect())
+        self.read_entry(key, tenant, |_, entry| {
+            Ok(entry
+                .meta
+                .replicas
+                .iter()
+                .filter_map(|r: &Replica| r.descriptor(entry.meta.size))
+                .collect())
+        })
     }
 }

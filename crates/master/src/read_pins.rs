@@ -43,15 +43,10 @@ impl MasterService {
         key: &str,
         tenant: &str,
     ) -> Result<GetReplicaListResponse, ErrorCode> {
-        let tenant = self.resolve_tenant(tenant)?;
-        let hash = self.route(tenant, key);
-        let shard = self.index.shard(hash).read();
-        let entry = shard
-            .tenant(tenant)
-            .and_then(|s| s.find(hash, key))
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        let now = self.clock.now_ms();
-        self.pin_entry(entry, now, self.read_epoch(now))
+        self.read_entry(key, tenant, |_, entry| {
+            let now = self.clock.now_ms();
+            self.pin_entry(entry, now, self.read_epoch(now))
+        })
     }
 
     /// BatchGetReplicaList with read pins ([`MasterService::get_replica_list_pinned`] per key, in

@@ -21,21 +21,16 @@ impl MasterService {
 
     /// The segment names holding a COMPLETE, live memory replica of `key`.
     fn replica_segment_names(&self, key: &str, tenant: &str) -> Result<Vec<String>, ErrorCode> {
-        let t = self.resolve_tenant(tenant)?;
-        let hash = self.route(t, key);
-        let shard = self.index.shard(hash).read();
-        let entry = shard
-            .tenant(t)
-            .and_then(|s| s.find(hash, key))
-            .ok_or(ErrorCode::OBJECT_NOT_FOUND)?;
-        Ok(entry
-            .meta
-            .replicas
-            .iter()
-            .filter(|r| r.is_readable())
-            .filter_map(Replica::segment_name)
-            .map(|n| n.to_string())
-            .collect())
+        self.read_entry(key, tenant, |_, entry| {
+            Ok(entry
+                .meta
+                .replicas
+                .iter()
+                .filter(|r| r.is_readable())
+                .filter_map(Replica::segment_name)
+                .map(|n| n.to_string())
+                .collect())
+        })
     }
 
     /// A fresh task id from the master's random source (never the nil id).
