@@ -507,10 +507,11 @@ fn a_silent_client_expires_then_remounts_after_need_remount() {
 
 #[test]
 fn eviction_makes_room_in_a_full_store() {
-    let master = MasterProcess::start(&[
-        "--eviction_high_watermark_ratio=0.9",
-        "--eviction_ratio=0.1",
-    ]);
+    // The background cycle is off (it triggers only above a watermark of 1.0, or when flagged
+    // with a ratio above 0), so every eviction here is a PutStart's own: the counts below do not
+    // depend on how fast this writer runs against the 10 ms cycle.
+    let master =
+        MasterProcess::start(&["--eviction_high_watermark_ratio=1.0", "--eviction_ratio=0"]);
     let rt = runtime();
     let mc = client_of(&master);
     let me = ClientId::random();
@@ -521,8 +522,8 @@ fn eviction_makes_room_in_a_full_store() {
         mc.remount_segments(vec![], me).await.unwrap();
         // 8 MiB of 4 KiB objects into a 1 MiB store.
         // A put that finds the store full evicts inline the oldest idle object and gets in
-        // (with --put_start_evict_budget=0 it would be refused with NO_AVAILABLE_HANDLE and
-        // retry after the 10 ms eviction loop). Every key must get in.
+        // (with --put_start_evict_budget=0 it would be refused with NO_AVAILABLE_HANDLE, and
+        // with the background cycle off here, stay refused). Every key must get in.
         let mut refused = 0;
         for i in 0..2048 {
             let key = format!("evict-{i}");
