@@ -438,6 +438,7 @@ fn source_slice<'s>(task: &OffloadTask, segments: &'s [MemoryHandle]) -> Option<
 
 #[cfg(test)]
 mod tests {
+    #![allow(clippy::unwrap_used)]
     use super::*;
 
     #[test]
