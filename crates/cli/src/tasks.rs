@@ -93,7 +93,8 @@ where
     let client = connect(target)?;
     let created = client.block_on(client.client().master().call(request));
     let _ = client.close();
-    let id = created.map_err(|e| anyhow::anyhow!("{what}: {} ({e}){}", e.code(), hint(e.code())))?;
+    let id =
+        created.map_err(|e| anyhow::anyhow!("{what}: {} ({e}){}", e.code(), hint(e.code())))?;
     println!("task {id}");
     if wait.wait {
         report(target, id, wait)?;

@@ -10,10 +10,7 @@ use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
 use mooncake_common::{ClientId, ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::TransportMode;
-use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn runtime() -> tokio::runtime::Runtime {

@@ -113,7 +113,9 @@ fn moved_key_frees_the_source() {
         let value = pattern(1 << 20, 3);
         c.put("m", &value, &on(&a)).await.unwrap();
         assert!(used_bytes(&c, &a.name).await >= 1 << 20);
-        let out = verb_ok(&["move", "--master", &ma, "m", "--from", &a.name, "--to", &b.name]);
+        let out = verb_ok(&[
+            "move", "--master", &ma, "m", "--from", &a.name, "--to", &b.name,
+        ]);
         let id = task_id(&out);
         let out = verb_ok(&["task", "--master", &ma, &id, "--wait"]);
         assert!(out.contains("type REPLICA_MOVE") && out.contains("status SUCCESS"));
@@ -121,7 +123,12 @@ fn moved_key_frees_the_source() {
         assert_eq!(used_bytes(&c, &a.name).await, 0, "source space not freed");
         assert!(c.get("m").await.unwrap() == value);
         // A move whose source holds no replica is refused when created.
-        let bad = verb(&["move", "--master", &ma, "m", "--from", &a.name, "--to", &b.name], None);
+        let bad = verb(
+            &[
+                "move", "--master", &ma, "m", "--from", &a.name, "--to", &b.name,
+            ],
+            None,
+        );
         assert!(!bad.status.success());
         assert!(String::from_utf8_lossy(&bad.stderr).contains("INVALID_PARAMS"));
         c.close().await.unwrap();

@@ -93,9 +93,21 @@ impl StoreClient {
                 };
                 let started = master.call(&start).await?;
                 match self.copy_replica(&started.source, &started.targets).await {
-                    Ok(()) => Ok(master.call(&m::CopyEnd { client, key, tenant }).await?),
+                    Ok(()) => Ok(master
+                        .call(&m::CopyEnd {
+                            client,
+                            key,
+                            tenant,
+                        })
+                        .await?),
                     Err(error) => {
-                        let _ = master.call(&m::CopyRevoke { client, key, tenant }).await;
+                        let _ = master
+                            .call(&m::CopyRevoke {
+                                client,
+                                key,
+                                tenant,
+                            })
+                            .await;
                         Err(error)
                     }
                 }
@@ -114,9 +126,21 @@ impl StoreClient {
                 let started = master.call(&start).await?;
                 let targets: Vec<ReplicaDescriptor> = started.target.into_iter().collect();
                 match self.copy_replica(&started.source, &targets).await {
-                    Ok(()) => Ok(master.call(&m::MoveEnd { client, key, tenant }).await?),
+                    Ok(()) => Ok(master
+                        .call(&m::MoveEnd {
+                            client,
+                            key,
+                            tenant,
+                        })
+                        .await?),
                     Err(error) => {
-                        let _ = master.call(&m::MoveRevoke { client, key, tenant }).await;
+                        let _ = master
+                            .call(&m::MoveRevoke {
+                                client,
+                                key,
+                                tenant,
+                            })
+                            .await;
                         Err(error)
                     }
                 }
