@@ -198,7 +198,6 @@ struct Inner {
     finished_reads: Mutex<Vec<String>>,
     /// The master answered a pinned lookup `NOT_SUPPORTED` (it predates read pins).
     pins_unsupported: AtomicBool,
-<<<<<<< HEAD
     /// RPC settings for peers' disk servers (the master's, with the resolved token).
     peer_rpc: ClientConfig,
     /// This node's disk tier, its server and the endpoint the master hands to readers.
@@ -207,10 +206,8 @@ struct Inner {
     disk_endpoint: Mutex<String>,
     /// Clients of other nodes' disk servers, by endpoint.
     disk_peers: Mutex<std::collections::HashMap<String, Arc<MasterClient>>>,
-=======
     /// A task runner is fetching and running this client's tasks (`tasks.rs`).
     task_runner: AtomicBool,
->>>>>>> main
 }
 
 /// An async store client. Cheap to clone; all clones share one connection and engine.
@@ -375,15 +372,12 @@ impl StoreClient {
             stats: StoreStats::default(),
             finished_reads: Mutex::new(Vec::new()),
             pins_unsupported: AtomicBool::new(false),
-<<<<<<< HEAD
             peer_rpc: rpc,
             disk: disk.clone(),
             disk_server: Mutex::new(None),
             disk_endpoint: Mutex::new(String::new()),
             disk_peers: Mutex::new(std::collections::HashMap::new()),
-=======
             task_runner: AtomicBool::new(false),
->>>>>>> main
             config,
         });
         let client = StoreClient {
