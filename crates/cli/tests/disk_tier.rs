@@ -153,6 +153,18 @@ async fn objects_beyond_memory_read_back_from_disk() {
     assert_eq!(s.queued, s.stored + s.refused + s.dropped, "{s:?}");
     assert_eq!(s.stored as usize, OBJECTS, "{s:?}");
     assert_eq!(s.disks, 1);
+    // The same at /metrics, with the disk hits of the reads above.
+    let (status, text) = common::http("GET", master.metrics, "/metrics", b"");
+    assert_eq!(status, 200);
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    assert!(value("master_get_disk_hits_total") >= on_disk.len() as f64);
+    assert_eq!(value("master_offload_tasks_in_flight"), 0.0);
+    assert_eq!(value("master_offload_tasks_stored_total"), OBJECTS as f64);
+    assert_eq!(value("master_local_disks"), 1.0);
     c.close().await.unwrap();
 }
 

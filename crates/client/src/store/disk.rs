@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use mooncake_common::{storage_key, ErrorCode, OffloadOutcome, OffloadTask};
 use mooncake_storage::{
-    open_backend, BackendConfig, BackendKind, Durability, StorageBackend, StorageError,
+    open_backend, BackendConfig, BackendKind, Durability, EvictionConfig, StorageBackend,
+    StorageError,
 };
 use mooncake_transfer::{MemoryHandle, SegmentOptions, TransferEngine};
 use parking_lot::Mutex;
@@ -56,6 +57,12 @@ pub struct DiskConfig {
     pub offload_interval: Duration,
     /// Tasks taken per offload heartbeat.
     pub offload_batch: u64,
+    /// Eviction under watermarks (the backend's defaults: FIFO, 0.95 / 0.85).
+    pub eviction: EvictionConfig,
+    /// `dir` may be shared by several processes (Python `setup(ssd_offload_path=…)` of many
+    /// ranks): each process takes the first `dir/client-N` whose lock is free. Without it the
+    /// directory itself is locked and a second process is refused.
+    pub shared: bool,
 }
 
 impl DiskConfig {
@@ -69,6 +76,8 @@ impl DiskConfig {
             lease: Duration::from_secs(5),
             offload_interval: Duration::from_millis(100),
             offload_batch: 64,
+            eviction: EvictionConfig::default(),
+            shared: false,
         }
     }
 
@@ -132,6 +141,26 @@ fn lock_dir(dir: &Path) -> Result<DirLock, StoreError> {
         },
     )?;
     Ok(DirLock { _file: file })
+}
+
+/// Subdirectories a shared directory may hold (one per process using it at once).
+const MAX_SHARED_OWNERS: usize = 1024;
+
+/// The first `dir/client-N` whose lock is free, created when missing, and its lock.
+fn lock_free_subdir(dir: &Path) -> Result<(PathBuf, DirLock), StoreError> {
+    for n in 0..MAX_SHARED_OWNERS {
+        let sub = dir.join(format!("client-{n}"));
+        std::fs::create_dir_all(&sub).map_err(|e| {
+            StoreError::InvalidParams(format!("cannot create disk dir {}: {e}", sub.display()))
+        })?;
+        if let Ok(lock) = lock_dir(&sub) {
+            return Ok((sub, lock));
+        }
+    }
+    Err(StoreError::InvalidParams(format!(
+        "disk dir {}: all {MAX_SHARED_OWNERS} per-client subdirectories are in use",
+        dir.display()
+    )))
 }
 
 /// First-fit allocator of the staging segment, with leases per load batch.
@@ -241,14 +270,21 @@ fn code_of(error: &StorageError) -> ErrorCode {
 impl DiskTier {
     /// Checks `config`, locks the directory, opens (recovering) the backend and allocates the
     /// staging segment in `engine`.
-    pub fn open(config: DiskConfig, engine: &TransferEngine) -> Result<DiskTier, StoreError> {
+    pub fn open(mut config: DiskConfig, engine: &TransferEngine) -> Result<DiskTier, StoreError> {
         config.check()?;
-        let lock = lock_dir(&config.dir)?;
+        let lock = if config.shared {
+            let (dir, lock) = lock_free_subdir(&config.dir)?;
+            config.dir = dir;
+            lock
+        } else {
+            lock_dir(&config.dir)?
+        };
         let backend_config = BackendConfig::new(
             config.dir.join(config.backend.name()),
             config.capacity_bytes,
         )
-        .with_durability(config.durability);
+        .with_durability(config.durability)
+        .with_eviction(config.eviction);
         let backend = open_backend(config.backend, backend_config).map_err(|e| {
             StoreError::InvalidParams(format!(
                 "disk dir {}: cannot open the {} backend: {e}",
