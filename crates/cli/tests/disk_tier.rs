@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{pattern, MasterProcess, StoreNode};
+use common::{pattern, MasterOptions, MasterProcess, StoreNode};
 use mooncake_client::{StoreClient, StoreConfig};
 use mooncake_common::{ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
@@ -259,6 +259,46 @@ async fn a_killed_node_restarted_on_its_dir_serves_its_disk_objects() {
     }
     assert!(offload_stats(&c).await.advertised >= OBJECTS as u64);
     c.close().await.unwrap();
+}
+
+/// A master restarted without a snapshot knows nothing; the node re-mounts its disk and
+/// re-advertises every object on it, so they are readable again (upstream's disk objects stayed
+/// unusable after a master restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_objects_are_readable_again_after_a_master_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let port = master.rpc.port();
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    drop(master);
+    let restarted = MasterProcess::spawn(MasterOptions {
+        port,
+        extra: &["--enable_offload=true"],
+        ..MasterOptions::default()
+    })
+    .unwrap_or_else(|status| panic!("master restart: {status}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut ok = 0;
+        for i in 0..OBJECTS {
+            if let Ok(got) = c.get(&format!("obj/{i}")).await {
+                assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+                ok += 1;
+            }
+        }
+        if ok == OBJECTS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ok} of {OBJECTS} readable after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(offload_stats(&c).await.advertised >= OBJECTS as u64);
+    drop(restarted);
 }
 
 /// Runs `mooncake store` with `extra` and returns (exit code, stderr) once it exits (at most
