@@ -301,6 +301,49 @@ async fn disk_objects_are_readable_again_after_a_master_restart() {
     drop(restarted);
 }
 
+/// Promotion on hit: a disk-only object read twice gets a memory replica again, filled by its
+/// node from its disk, and reads back byte-exact from memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_only_object_read_twice_is_promoted_to_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true", "--promotion_on_hit=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let victim = *disk_only(&c).await.first().expect("a disk-only object");
+    let key = format!("obj/{victim}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = c.get(&key).await.expect("read");
+        assert!(got == pattern(VALUE_BYTES, victim as u64 + 1));
+        let request = m::GetReplicaList {
+            key: key.clone(),
+            tenant: String::new(),
+        };
+        let replicas = c.master().call(&request).await.unwrap().replicas;
+        if replicas
+            .iter()
+            .any(|r| matches!(r.kind, ReplicaKind::Memory(_)))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never promoted: {replicas:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reads_before = c.stats().offload_rpc_reads.load(Ordering::Relaxed);
+    let got = c.get(&key).await.expect("read from memory");
+    assert!(got == pattern(VALUE_BYTES, victim as u64 + 1));
+    assert_eq!(
+        c.stats().offload_rpc_reads.load(Ordering::Relaxed),
+        reads_before,
+        "a promoted object was read from disk"
+    );
+    let s = offload_stats(&c).await;
+    assert!(s.promoted >= 1, "{s:?}");
+    assert_eq!(s.promotion_failures, 0, "{s:?}");
+    c.close().await.unwrap();
+}
+
 /// Runs `mooncake store` with `extra` and returns (exit code, stderr) once it exits (at most
 /// 30 s).
 fn store_refused(master: &MasterProcess, extra: &[&str]) -> (Option<i32>, String) {

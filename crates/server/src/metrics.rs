@@ -1221,6 +1221,21 @@ pub fn render_offload(s: &mooncake_master::OffloadStats, out: &mut String) {
             "LOCAL_DISK replicas registered from a node's scan of its disk",
             s.advertised,
         ),
+        (
+            "master_promotions_started_total",
+            "Promotions on hit started (a memory replica allocated for a disk-only object)",
+            s.promotions,
+        ),
+        (
+            "master_promotions_total",
+            "Promotions on hit completed (the object is in memory again)",
+            s.promoted,
+        ),
+        (
+            "master_promotion_failures_total",
+            "Promotions on hit that failed (the memory replica was erased)",
+            s.promotion_failures,
+        ),
     ] {
         counter(out, name, help, value);
     }

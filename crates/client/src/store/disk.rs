@@ -362,6 +362,39 @@ impl DiskTier {
         out
     }
 
+    /// Loads each promotion task's object from the backend straight into its target (a
+    /// PROCESSING memory replica the master allocated on one of `segments`); one outcome per
+    /// task. Blocks on disk I/O.
+    pub fn promote(&self, tasks: &[OffloadTask], segments: &[MemoryHandle]) -> Vec<OffloadOutcome> {
+        let keys: Vec<String> = tasks
+            .iter()
+            .map(|t| storage_key(&t.tenant, &t.key))
+            .collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        for (t, key) in tasks.iter().zip(&keys) {
+            let stored = match segment_range(t, segments) {
+                Some((ptr, len)) => {
+                    // SAFETY: inside a mapping `segments` keeps alive; the master allocated this
+                    // range for the promotion's replica alone (PROCESSING: nobody reads it,
+                    // nothing else is placed there) until the task is answered.
+                    let target = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                    let mut buffers = [target];
+                    matches!(
+                        self.backend.get_batch(&[key.as_str()], &mut buffers).pop(),
+                        Some(Ok(n)) if n == t.size
+                    )
+                }
+                None => false,
+            };
+            out.push(OffloadOutcome {
+                tenant: t.tenant.clone(),
+                key: t.key.clone(),
+                stored,
+            });
+        }
+        out
+    }
+
     /// Reserves a staging slot of `len` bytes, reclaiming expired leases once when short.
     fn reserve(&self, slots: &mut Slots, len: u64) -> Option<(u64, u64)> {
         let aligned = len.div_ceil(SLOT_ALIGN).max(1) * SLOT_ALIGN;
@@ -457,19 +490,28 @@ impl DiskTier {
     }
 }
 
-/// The bytes of `task` inside one of the node's segments, if they lie entirely in one.
-fn source_slice<'s>(task: &OffloadTask, segments: &'s [MemoryHandle]) -> Option<&'s [u8]> {
+/// Where `task`'s bytes lie in one of the node's segments (pointer and length), if entirely
+/// inside one.
+fn segment_range(task: &OffloadTask, segments: &[MemoryHandle]) -> Option<(*mut u8, usize)> {
     let (region, offset) = split_address(task.buffer_address);
     let memory = segments.iter().find(|m| m.id() == region)?;
     let end = offset.checked_add(task.size)?;
     if end > memory.len_bytes() as u64 {
         return None;
     }
-    // SAFETY: [offset, end) lies inside the segment mapping, which `memory` keeps alive; the
-    // master pinned the replica there until this task is answered, so no write lands in it.
-    Some(unsafe {
-        std::slice::from_raw_parts(memory.as_ptr().add(offset as usize), task.size as usize)
-    })
+    // SAFETY: offset < end <= the mapping's length.
+    Some((
+        unsafe { memory.as_ptr().add(offset as usize) },
+        task.size as usize,
+    ))
+}
+
+/// The bytes of `task` inside one of the node's segments, if they lie entirely in one.
+fn source_slice<'s>(task: &OffloadTask, segments: &'s [MemoryHandle]) -> Option<&'s [u8]> {
+    let (ptr, len) = segment_range(task, segments)?;
+    // SAFETY: the range lies inside a segment mapping that `segments` keeps alive; the master
+    // pinned the replica there until this task is answered, so no write lands in it.
+    Some(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 #[cfg(test)]
