@@ -564,7 +564,8 @@ const NOF: &str = "NVMe-oF segments are not built";
 const DFS: &str = "the DFS/3FS storage backend is not built";
 const OFFLOAD: &str =
     "upstream's disk-replica families are not exported (the disk tier counts in GetOffloadStats)";
-const PROMOTION: &str = "promotion on hit is not built";
+const PROMOTION: &str =
+    "upstream's promotion families are not exported (ours: master_promotions_*, docs/disk-tier.md)";
 const HA: &str = "HA (op-log replication to a standby master) is not built";
 const QUERY_IP: &str = "BatchQueryIp is not served";
 
