@@ -71,11 +71,12 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             .await
             .with_context(|| format!("joining the cluster of master {}", args.master))?;
         println!(
-            "mooncake store: endpoint {} segment {} master {} client {}",
+            "mooncake store: endpoint {} segment {} master {} client {} name {}",
             client.endpoint(),
             mooncake_common::format_size(args.segment_size),
             args.master,
-            client.client_id()
+            client.client_id(),
+            client.segment_name()
         );
         std::io::stdout().flush()?;
         tokio::select! {

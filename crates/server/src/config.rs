@@ -77,7 +77,6 @@ const DYNAMIC_REPLICATION: &str = "dynamic replication";
 const METADATA_CLEANUP: &str = "HTTP metadata cleanup on client timeout";
 const RPC_INTERFACE: &str = "rpc_address from a network interface (give --rpc_address)";
 const NO_DELAY_OFF: &str = "RPC without TCP_NODELAY";
-const TASK_RETRIES: &str = "task retries";
 const MMAP_ARENA: &str = "mmap arena allocator";
 const COMPLETION: &str = "gflags shell completion";
 const GLOG: &str = "glog output settings (mooncake-rs logs to stderr; MOONCAKE_LOG filters)";
@@ -233,7 +232,7 @@ master_flags! {
         "Timeout in seconds for pending tasks (0 = no timeout)";
     processing_task_timeout_sec: u64 = 300, Master UInt64, HONOURED,
         "Timeout in seconds for processing tasks (0 = no timeout)";
-    max_retry_attempts: u32 = 10, Master UInt32, Status::Inert(TASK_RETRIES),
+    max_retry_attempts: u32 = 10, Master UInt32, HONOURED,
         "Maximum number of retry attempts for failed tasks";
 
     // ---- cluster and config file ----------------------------------------------------------------

@@ -96,6 +96,7 @@ pub fn task_limits(config: &MasterConfig) -> TaskLimits {
         max_finished: config.max_total_finished_tasks as usize,
         pending_timeout_ms: timeout_ms(config.pending_task_timeout_sec),
         processing_timeout_ms: timeout_ms(config.processing_task_timeout_sec),
+        max_retry_attempts: config.max_retry_attempts,
     }
 }
 

@@ -23,6 +23,7 @@
 //! - `buffers.rs`: registered buffers and the per-operation pins of caller memory;
 //! - `endpoints.rs`: the cache of parsed peer endpoints;
 //! - `heartbeat.rs`: mounting the segment, the heartbeat and re-mount;
+//! - `tasks.rs`: the copy and move tasks the master queues for this client;
 //! - `verify.rs`: checking the replicas a restored master holds for this client's segments;
 //! - `addressing.rs`: buffer address ↔ (segment, offset); `error.rs`: [`StoreError`].
 
@@ -36,6 +37,7 @@ mod pins;
 mod ranges;
 mod read;
 mod sessions;
+mod tasks;
 mod verify;
 mod write;
 
@@ -43,6 +45,7 @@ pub use error::StoreError;
 pub use mooncake_transfer::local_host_id;
 pub use mooncake_transfer::memory::Access;
 pub use ranges::{RangeRead, RangeWrite};
+pub use tasks::TASK_BATCH;
 pub use verify::VerifyReport;
 
 use mooncake_common::{AuthToken, ClientId, Segment};
@@ -155,6 +158,10 @@ pub struct StoreStats {
     /// RPC). This client reads memory replicas only, so it stays 0 until the SSD tier reads
     /// land.
     pub offload_rpc_reads: AtomicU64,
+    /// Copy/move tasks this client ran and reported SUCCESS.
+    pub tasks_succeeded: AtomicU64,
+    /// Copy/move tasks this client ran and reported FAILED (each attempt counts).
+    pub tasks_failed: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -183,6 +190,8 @@ struct Inner {
     finished_reads: Mutex<Vec<String>>,
     /// The master answered a pinned lookup `NOT_SUPPORTED` (it predates read pins).
     pins_unsupported: AtomicBool,
+    /// A task runner is fetching and running this client's tasks (`tasks.rs`).
+    task_runner: AtomicBool,
 }
 
 /// An async store client. Cheap to clone; all clones share one connection and engine.
@@ -343,6 +352,7 @@ impl StoreClient {
             stats: StoreStats::default(),
             finished_reads: Mutex::new(Vec::new()),
             pins_unsupported: AtomicBool::new(false),
+            task_runner: AtomicBool::new(false),
             config,
         });
         let client = StoreClient {
@@ -358,6 +368,15 @@ impl StoreClient {
         let period = client.inner.config.heartbeat_interval;
         *client.heartbeat.lock() = Some(tokio::spawn(heartbeat::heartbeat_loop(weak, period)));
         Ok(client)
+    }
+
+    /// Another handle on a client's state (its heartbeat is owned by the handles `connect`
+    /// returned).
+    fn from_inner(inner: Arc<Inner>) -> StoreClient {
+        StoreClient {
+            inner,
+            heartbeat: Arc::new(Mutex::new(None)),
+        }
     }
 
     /// This client's id at the master.
