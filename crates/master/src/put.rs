@@ -14,14 +14,13 @@ use mooncake_common::{
     ClientId, ErrorCode, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SoftPinAction,
 };
 use parking_lot::RwLockWriteGuard;
-use smallvec::SmallVec;
 
 use crate::allocator::BufferHandle;
 use crate::handle::{MasterService, MAX_KEY_LEN_BYTES};
 use crate::index::{group_hash, key_hash, routed, shard_of, Shard, Tenant};
 use crate::object::{
     ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Replica, ReplicaData,
-    FLAG_HARD_PIN, FLAG_PROCESSING,
+    Replicas, FLAG_HARD_PIN, FLAG_PROCESSING,
 };
 use crate::quota::TenantAccount;
 use crate::strategy::{place, AllocationStrategy, PlacementRequest};
@@ -298,7 +297,7 @@ impl MasterService {
                             }
                             carried.hard_pin = meta.has(FLAG_HARD_PIN);
                             if meta.soft_pinned(now) {
-                                carried.soft_pin_deadline_ms = meta.soft_pin_deadline_ms;
+                                carried.soft_pin_deadline_ms = meta.soft_pin_deadline_ms();
                             }
                             edit.discard(meta.take_replicas(), release_at);
                         }
@@ -397,7 +396,7 @@ impl MasterService {
         account: Option<std::sync::Arc<TenantAccount>>,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let (args, config, key) = (start.args, start.args.config, start.args.key);
-        let replicas: SmallVec<[Replica; 1]> = handles
+        let replicas: Replicas = handles
             .into_iter()
             .map(|h| Replica {
                 id: self.next_replica_id(),
@@ -419,13 +418,14 @@ impl MasterService {
                     pending_soft_pin: start.pending_soft_pin,
                     account,
                     task: None,
+                    soft_pin_deadline_ms: 0,
                 })
             });
         let mut flags = FLAG_PROCESSING;
         if config.with_hard_pin || carried.hard_pin {
             flags |= FLAG_HARD_PIN;
         }
-        let entry = Box::new(ObjectEntry {
+        let mut entry = Box::new(ObjectEntry {
             key: ObjectKey::new(key),
             meta: ObjectMetadata {
                 client_id: start.client,
@@ -434,7 +434,6 @@ impl MasterService {
                 lease_timeout_ms: AtomicU64::new(0),
                 read_pins: std::sync::atomic::AtomicU32::new(0),
                 last_access_ms: AtomicU64::new(start.now_ms),
-                soft_pin_deadline_ms: carried.soft_pin_deadline_ms,
                 checksum: 0,
                 flags,
                 data_type: config.data_type,
@@ -442,6 +441,9 @@ impl MasterService {
                 replicas,
             },
         });
+        entry
+            .meta
+            .set_soft_pin_deadline_ms(carried.soft_pin_deadline_ms);
         let mut shard = match held {
             Some(guard) => guard,
             None => self.index.shard(hash).write(),
