@@ -9,7 +9,7 @@
 //! segment it names is left as far as the mutation got, and the master should be rebuilt from a
 //! snapshot rather than served.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mooncake_common::{ErrorCode, SegmentId, TenantId};
@@ -25,10 +25,11 @@ use crate::mutation::{
     ReplicationKind, SegmentRecord,
 };
 use crate::object::{
-    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Place, Replica,
-    ReplicaData, Replicas, ReplicationTask, TaskKind, FLAG_HARD_PIN, FLAG_PROCESSING,
+    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, ObjectTimes, PendingSoftPin, Place,
+    Replica, ReplicaData, Replicas, ReplicationTask, TaskKind, FLAG_HARD_PIN, FLAG_PROCESSING,
 };
 use crate::quota::TenantAccount;
+use crate::writers::WriterId;
 
 /// Why a mutation could not be applied.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -267,6 +268,7 @@ impl MasterService {
                         account: account.clone(),
                         task,
                         soft_pin_deadline_ms: 0,
+                        checksum_high: 0,
                     })
                 });
         let mut flags = 0;
@@ -277,13 +279,11 @@ impl MasterService {
             flags |= FLAG_HARD_PIN;
         }
         let mut meta = ObjectMetadata {
-            client_id: record.writer,
+            writer: WriterId::of(record.writer),
             size: record.size,
-            put_start_ms: record.put_start_ms,
-            lease_timeout_ms: AtomicU64::new(0),
+            times: ObjectTimes::new(record.put_start_ms, now_ms),
             read_pins: std::sync::atomic::AtomicU32::new(0),
-            last_access_ms: AtomicU64::new(now_ms),
-            checksum: 0,
+            checksum_low: 0,
             flags,
             data_type: record.data_type,
             extra,
