@@ -5,15 +5,12 @@
 
 mod common;
 
-use common::{pattern, MasterProcess, StoreNode, BIN};
+use common::{pattern, verb, verb_ok, MasterProcess, StoreNode};
 use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
 use mooncake_common::{ClientId, ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::TransportMode;
-use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -38,59 +35,6 @@ async fn client_over(master: SocketAddr, transport: TransportMode) -> StoreClien
     })
     .await
     .unwrap()
-}
-
-/// Runs a `mooncake` verb with a time limit.
-fn verb(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("MOONCAKE_LOG", "error")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(bytes) = stdin {
-        use std::io::Write;
-        let mut pipe = child.stdin.take().unwrap();
-        pipe.write_all(bytes).unwrap();
-    }
-    let (tx, rx) = mpsc::channel();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        let mut o = Vec::new();
-        let mut e = Vec::new();
-        let _ = out.read_to_end(&mut o);
-        let _ = err.read_to_end(&mut e);
-        let _ = tx.send((o, e));
-    });
-    let (stdout, stderr) = rx
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| panic!("mooncake {args:?} did not finish in 30 s"));
-    let status = child.wait().unwrap();
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
-/// Runs `mooncake ARGS` with no stdin; its stdout, after asserting it exited 0 (stdout and stderr
-/// in the message otherwise).
-fn verb_ok(args: &[&str]) -> String {
-    let out = verb(args, None);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
 }
 
 fn memory_endpoint(replica: &mooncake_common::ReplicaDescriptor) -> String {

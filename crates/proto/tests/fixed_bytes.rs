@@ -374,6 +374,14 @@ fn method_id_table_is_pinned() {
         (51, "BatchGetReplicaListPinned"),
         (52, "ReleaseReads"),
         (53, "ReportTransferFailure"),
+        (60, "MountLocalDisk"),
+        (61, "OffloadHeartbeat"),
+        (62, "NotifyOffload"),
+        (63, "AdvertiseDiskObjects"),
+        (64, "EvictDiskObjects"),
+        (65, "GetOffloadStats"),
+        (70, "LoadDiskObjects"),
+        (71, "ReleaseDiskObjects"),
     ];
     assert_eq!(METHODS, expected);
 }

@@ -77,7 +77,6 @@ const DYNAMIC_REPLICATION: &str = "dynamic replication";
 const METADATA_CLEANUP: &str = "HTTP metadata cleanup on client timeout";
 const RPC_INTERFACE: &str = "rpc_address from a network interface (give --rpc_address)";
 const NO_DELAY_OFF: &str = "RPC without TCP_NODELAY";
-const TASK_RETRIES: &str = "task retries";
 const MMAP_ARENA: &str = "mmap arena allocator";
 const COMPLETION: &str = "gflags shell completion";
 const GLOG: &str = "glog output settings (mooncake-rs logs to stderr; MOONCAKE_LOG filters)";
@@ -233,7 +232,7 @@ master_flags! {
         "Timeout in seconds for pending tasks (0 = no timeout)";
     processing_task_timeout_sec: u64 = 300, Master UInt64, HONOURED,
         "Timeout in seconds for processing tasks (0 = no timeout)";
-    max_retry_attempts: u32 = 10, Master UInt32, Status::Inert(TASK_RETRIES),
+    max_retry_attempts: u32 = 10, Master UInt32, HONOURED,
         "Maximum number of retry attempts for failed tasks";
 
     // ---- cluster and config file ----------------------------------------------------------------
@@ -317,13 +316,13 @@ master_flags! {
         "Deprecated alias of --snapshot_catalog_store_connstring";
 
     // ---- SSD offload and promotion (not built) --------------------------------------------------
-    enable_offload: bool = false, Master Bool, Status::Refused(OFFLOAD),
+    enable_offload: bool = false, Master Bool, HONOURED,
         "Enable offload availability";
-    offload_on_evict: bool = false, Master Bool, Status::Inert(OFFLOAD),
+    offload_on_evict: bool = false, Master Bool, HONOURED,
         "Defer LOCAL_DISK offload to eviction time instead of PutEnd";
     offload_force_evict: bool = false, Master Bool, Status::Inert(OFFLOAD),
         "Force-evict objects exceeding offload cap without disk offload";
-    offloading_queue_limit: u64 = 50000, Master UInt64, Status::Inert(OFFLOAD),
+    offloading_queue_limit: u64 = 50000, Master UInt64, HONOURED,
         "Maximum number of objects allowed in the offloading queue per local disk segment. Increase to allow more objects to be offloaded to SSD before force-eviction kicks in";
     offload_cap_ratio: f64 = 0.5, Master Double, Status::Inert(OFFLOAD),
         "Per-cycle offload cap as a fraction of offloading_queue_limit. Controls how many objects can be queued for offload in a single eviction cycle before falling back to force-evict";

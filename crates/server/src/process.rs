@@ -63,6 +63,9 @@ pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterSe
         eviction_ratio: config.eviction_ratio,
         eviction_high_watermark_ratio: config.eviction_high_watermark_ratio,
         put_start_evict_budget: config.put_start_evict_budget,
+        enable_offload: config.enable_offload,
+        offload_on_evict: config.offload_on_evict,
+        offloading_queue_limit: config.offloading_queue_limit,
     }
 }
 
@@ -96,6 +99,7 @@ pub fn task_limits(config: &MasterConfig) -> TaskLimits {
         max_finished: config.max_total_finished_tasks as usize,
         pending_timeout_ms: timeout_ms(config.pending_task_timeout_sec),
         processing_timeout_ms: timeout_ms(config.processing_task_timeout_sec),
+        max_retry_attempts: config.max_retry_attempts,
     }
 }
 
