@@ -19,8 +19,8 @@ use crate::allocator::BufferHandle;
 use crate::handle::{MasterService, MAX_KEY_LEN_BYTES};
 use crate::index::{group_hash, key_hash, routed, shard_of, Shard, Tenant};
 use crate::object::{
-    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, ObjectTimes, PendingSoftPin, Replica,
-    ReplicaData, Replicas, FLAG_HARD_PIN, FLAG_PROCESSING,
+    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, ObjectTimes, PendingSoftPin, Place,
+    Replica, ReplicaData, Replicas, FLAG_HARD_PIN, FLAG_PROCESSING,
 };
 use crate::quota::TenantAccount;
 use crate::strategy::{place, AllocationStrategy, PlacementRequest};
@@ -292,7 +292,7 @@ impl MasterService {
                         // A disk copy holds the old value: it goes (the node's record is
                         // overwritten by the next offload, or evicted).
                         meta.replicas
-                            .retain(|r| !matches!(r.data, ReplicaData::LocalDisk(_)));
+                            .retain(|r| !matches!(r.data.place(), Place::LocalDisk(_)));
                         if meta.has_complete() {
                             if meta.size == start.args.slice_length {
                                 edit.changed();
