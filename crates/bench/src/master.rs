@@ -31,13 +31,13 @@ pub struct Args {
     busy_poll_us: u64,
 }
 
-struct MasterChild {
+pub(crate) struct MasterChild {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl MasterChild {
-    fn start(extra: &[String]) -> anyhow::Result<MasterChild> {
+    pub(crate) fn start(extra: &[String]) -> anyhow::Result<MasterChild> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .arg("master")
@@ -71,14 +71,7 @@ impl MasterChild {
 
     /// utime + stime of the master, in seconds.
     fn cpu_seconds(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        let after_name = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        Some((utime + stime) / ticks.max(1.0))
+        crate::proc_cpu_seconds(self.child.id())
     }
 }
 
@@ -90,7 +83,7 @@ impl Drop for MasterChild {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Op {
+pub(crate) enum Op {
     Exist,
     GetReplicaList,
     PutStartEnd,
@@ -115,7 +108,7 @@ impl Op {
     }
 }
 
-struct Ctx {
+pub(crate) struct Ctx {
     mc: MasterClient,
     client: ClientId,
     keys: Vec<String>,
@@ -159,7 +152,7 @@ async fn one(ctx: &Ctx, op: Op, i: usize) -> anyhow::Result<()> {
 }
 
 /// Runs `op` with `inflight` concurrent callers for `seconds`; returns (ops, elapsed, latencies).
-async fn drive(
+pub(crate) async fn drive(
     ctx: Rc<Ctx>,
     op: Op,
     inflight: usize,
@@ -301,7 +294,11 @@ fn row(label: &str, lat: &Latency, floor: &Latency) {
     );
 }
 
-async fn setup(addr: SocketAddr, keys: usize, config: ClientConfig) -> anyhow::Result<Ctx> {
+pub(crate) async fn setup(
+    addr: SocketAddr,
+    keys: usize,
+    config: ClientConfig,
+) -> anyhow::Result<Ctx> {
     let mc = MasterClient::new(addr, config);
     let client = ClientId::random();
     mc.service_ready().await.context("master not answering")?;
