@@ -19,7 +19,7 @@ use mooncake_common::{
 
 use crate::handle::MasterService;
 use crate::index::{key_hash, Tenant};
-use crate::object::{ObjectMetadata, Replica, ReplicaData};
+use crate::object::{ObjectMetadata, Place, Replica, ReplicaData};
 use crate::offload::tenant_name;
 
 const ROWS: usize = 4;
@@ -123,12 +123,12 @@ impl MasterService {
             || m.has_task()
             || m.replicas
                 .iter()
-                .any(|r| !matches!(r.data, ReplicaData::LocalDisk(_)))
+                .any(|r| !matches!(r.data.place(), Place::LocalDisk(_)))
         {
             return false;
         }
-        let Some(owner) = m.replicas.iter().find_map(|r| match &r.data {
-            ReplicaData::LocalDisk(d) => Some(d.client_id),
+        let Some(owner) = m.replicas.iter().find_map(|r| match r.data.place() {
+            Place::LocalDisk(d) => Some(d.client_id),
             _ => None,
         }) else {
             return false;
