@@ -11,6 +11,7 @@ use mooncake_common::{
     SegmentStatus,
 };
 use mooncake_proto::methods as m;
+use mooncake_proto::{FrameHeader, FrameKind, Method, HEADER_BYTES};
 use mooncake_rpc::ClientConfig;
 use std::io::{Read, Write};
 use std::net::TcpStream;
@@ -218,25 +219,51 @@ fn malformed_input_closes_one_connection_and_memory_stays_bounded() {
         ErrorCode::BUFFER_OVERFLOW.as_i32()
     );
 
-    // Unknown method id and garbage body: error frames, connection stays usable.
+    // Unknown method id and garbage body: an error frame for each (request ids 9 and 10), and
+    // the connection stays usable: a valid request after them is answered on the same stream.
+    let frame = |method: u16, request_id: u64, body: &[u8]| {
+        let mut out = bytes::BytesMut::new();
+        let header = FrameHeader {
+            kind: FrameKind::Request,
+            method,
+            request_id,
+        };
+        mooncake_proto::encode_frame(&mut out, header, body);
+        out.to_vec()
+    };
+    let exist = mooncake_proto::encode(&m::ExistKey {
+        key: "nobody".into(),
+        tenant: String::new(),
+    })
+    .unwrap();
     let mut raw = TcpStream::connect(master.rpc).unwrap();
-    let unknown = [12u8, 0, 0, 0, 1, 0, 0xe7, 0x03, 9, 0, 0, 0, 0, 0, 0, 0];
-    raw.write_all(&unknown).unwrap();
-    let garbage_body = [
-        15u8, 0, 0, 0, 1, 0, 6, 0, 10, 0, 0, 0, 0, 0, 0, 0, 0xff, 0xff, 0xff,
-    ];
-    raw.write_all(&garbage_body).unwrap();
+    raw.write_all(&frame(999, 9, &[])).unwrap();
+    raw.write_all(&frame(m::ExistKey::ID, 10, &[0xff, 0xff, 0xff]))
+        .unwrap();
+    raw.write_all(&frame(m::ExistKey::ID, 11, &exist)).unwrap();
     raw.shutdown(std::net::Shutdown::Write).unwrap();
     let got = read_some(&mut raw);
-    assert!(
-        got.len() >= 40,
-        "two error frames expected, got {} bytes",
-        got.len()
+    let frames = split_frames(&got);
+    let seen: Vec<(FrameKind, u64)> = frames.iter().map(|f| (f.0.kind, f.0.request_id)).collect();
+    assert_eq!(
+        seen,
+        [
+            (FrameKind::Error, 9),
+            (FrameKind::Error, 10),
+            (FrameKind::Response, 11)
+        ],
+        "two error frames, then the answer to the valid request"
+    );
+    assert_ne!(
+        mooncake_proto::decode_error_body(&frames[1].1).0,
+        ErrorCode::OK,
+        "the garbage body is refused"
     );
 
     // Truncated frame, then disconnect mid-frame.
     let mut raw = TcpStream::connect(master.rpc).unwrap();
-    raw.write_all(&[200, 0, 0, 0, 1, 0, 1, 0, 1]).unwrap();
+    let whole = frame(m::ExistKey::ID, 12, &[0u8; 184]);
+    raw.write_all(&whole[..9]).unwrap();
     drop(raw);
 
     // 2,000 idle connections against a limit of 1,024 (256 per address): each one over the
@@ -678,4 +705,17 @@ fn tenant_quotas_over_http_with_a_policy_file() {
     );
     drop(master);
     std::fs::remove_dir_all(&dir).unwrap();
+}
+
+/// The frames in `bytes` (a whole response stream): each header with its body.
+fn split_frames(mut bytes: &[u8]) -> Vec<(FrameHeader, Vec<u8>)> {
+    let decoder = mooncake_proto::FrameDecoder::default();
+    let mut frames = Vec::new();
+    while let Some((header, total)) = decoder.peek_header(bytes).expect("a well-formed frame") {
+        assert!(bytes.len() >= total, "truncated frame in {bytes:?}");
+        frames.push((header, bytes[HEADER_BYTES..total].to_vec()));
+        bytes = &bytes[total..];
+    }
+    assert!(bytes.is_empty(), "trailing bytes {bytes:?}");
+    frames
 }

@@ -19,6 +19,7 @@ mod dir;
 mod encode;
 mod error;
 mod format;
+pub mod mutations;
 mod records;
 mod wire;
 
@@ -30,6 +31,7 @@ pub use dir::{LoadOutcome, SnapshotDir};
 pub use encode::{encode_state, write_snapshot, COMPRESS_THREADS, IN_FLIGHT};
 pub use error::SnapshotError;
 pub use format::{FORMAT_VERSION, MAGIC, MAX_CHUNK_RAW_BYTES, MAX_ZSTD_RATIO};
+pub use mutations::{decode_mutation, encode_mutation};
 
 #[doc(no_inline)]
 pub use mooncake_master::MasterState;

@@ -1,0 +1,211 @@
+//! The leader's side of the op-log in memory: the [`MutationObserver`] that numbers every
+//! mutation (gap-free, in the order the master observed them) and queues its entry, the
+//! writer's take of the next run of entries, and the durable mark that acknowledgements wait on.
+//!
+//! Sequence numbers are given at observation, under the sink's queue lock, which the master
+//! calls under the lock that serialized the change: the numbering is the master's observed
+//! order, and every entry is queued, so the numbers written are 1, 2, 3, … without a gap.
+
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicU64, AtomicU8, Ordering};
+use std::time::{Duration, Instant};
+
+use mooncake_master::{Mutation, MutationObserver};
+use mooncake_snapshot::encode_mutation;
+use parking_lot::{Condvar, Mutex};
+
+use crate::batch::{put_entry_bytes, MAX_ENTRIES, MAX_ENTRY_BYTES};
+
+/// The writer's health, as acknowledgements see it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum WriterHealth {
+    /// Batches commit.
+    Healthy,
+    /// The last commit failed for a reason that may pass (etcd unreachable, a timeout); the
+    /// writer retries the same batch.
+    Retrying,
+    /// A commit was refused because another writer moved the durable prefix (this master was
+    /// fenced), or the log is unusable: nothing this sink queues will ever be durable.
+    Fenced,
+}
+
+/// Why an acknowledgement cannot be given.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckError {
+    /// Not durable yet, and the writer cannot reach etcd (or the wait timed out): retry later.
+    Unavailable,
+    /// This master no longer owns the log.
+    Fenced,
+}
+
+/// The entries the writer takes for one batch.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Taken {
+    pub first_seq: u64,
+    pub count: u32,
+    /// The entries, each as its length (varint) and its mutation.
+    pub entries: Vec<u8>,
+}
+
+impl Taken {
+    pub fn last_seq(&self) -> u64 {
+        self.first_seq + u64::from(self.count) - 1
+    }
+}
+
+#[derive(Debug)]
+struct Queue {
+    next_seq: u64,
+    entries: VecDeque<Vec<u8>>,
+}
+
+/// The op-log of one leader (see the module doc). Install it with
+/// `MasterService::set_observer`.
+#[derive(Debug)]
+pub struct OpLogSink {
+    queue: Mutex<Queue>,
+    has_entries: Condvar,
+    /// The last sequence number given.
+    assigned: AtomicU64,
+    /// The last sequence number known durable.
+    durable: AtomicU64,
+    health: AtomicU8,
+    durable_lock: Mutex<()>,
+    durable_changed: Condvar,
+}
+
+impl OpLogSink {
+    /// A sink whose first entry gets `last_durable_seq + 1`.
+    pub fn new(last_durable_seq: u64) -> Self {
+        OpLogSink {
+            queue: Mutex::new(Queue {
+                next_seq: last_durable_seq + 1,
+                entries: VecDeque::new(),
+            }),
+            has_entries: Condvar::new(),
+            assigned: AtomicU64::new(last_durable_seq),
+            durable: AtomicU64::new(last_durable_seq),
+            health: AtomicU8::new(0),
+            durable_lock: Mutex::new(()),
+            durable_changed: Condvar::new(),
+        }
+    }
+
+    /// The last sequence number given to a mutation.
+    pub fn assigned_seq(&self) -> u64 {
+        self.assigned.load(Ordering::Acquire)
+    }
+
+    /// The last sequence number known durable.
+    pub fn durable_seq(&self) -> u64 {
+        self.durable.load(Ordering::Acquire)
+    }
+
+    pub fn health(&self) -> WriterHealth {
+        match self.health.load(Ordering::Acquire) {
+            0 => WriterHealth::Healthy,
+            1 => WriterHealth::Retrying,
+            _ => WriterHealth::Fenced,
+        }
+    }
+
+    /// Entries queued and not yet taken by the writer.
+    pub fn queued(&self) -> usize {
+        self.queue.lock().entries.len()
+    }
+
+    /// Set by the writer.
+    pub fn set_health(&self, h: WriterHealth) {
+        let v = match h {
+            WriterHealth::Healthy => 0,
+            WriterHealth::Retrying => 1,
+            WriterHealth::Fenced => 2,
+        };
+        self.health.store(v, Ordering::Release);
+        if h == WriterHealth::Fenced {
+            self.queue.lock().entries.clear();
+        }
+        let _g = self.durable_lock.lock();
+        self.durable_changed.notify_all();
+    }
+
+    /// Set by the writer once every entry up to `seq` is durable.
+    pub fn mark_durable(&self, seq: u64) {
+        self.durable.fetch_max(seq, Ordering::AcqRel);
+        let _g = self.durable_lock.lock();
+        self.durable_changed.notify_all();
+    }
+
+    /// Waits until `seq` is durable, at most `timeout`. While the writer is retrying, an
+    /// acknowledgement waits the whole timeout (etcd may return), then answers `Unavailable`.
+    pub fn wait_durable(&self, seq: u64, timeout: Duration) -> Result<(), AckError> {
+        let deadline = Instant::now() + timeout;
+        let mut g = self.durable_lock.lock();
+        loop {
+            if self.durable_seq() >= seq {
+                return Ok(());
+            }
+            if self.health() == WriterHealth::Fenced {
+                return Err(AckError::Fenced);
+            }
+            if self
+                .durable_changed
+                .wait_until(&mut g, deadline)
+                .timed_out()
+            {
+                return if self.durable_seq() >= seq {
+                    Ok(())
+                } else {
+                    Err(AckError::Unavailable)
+                };
+            }
+        }
+    }
+
+    /// Takes the queued entries for the next batch (at most [`MAX_ENTRY_BYTES`] of entries
+    /// and [`MAX_ENTRIES`] entries, never fewer than one), waiting at most `wait` for one.
+    pub fn take(&self, wait: Duration) -> Option<Taken> {
+        let mut q = self.queue.lock();
+        if q.entries.is_empty() {
+            let _ = self.has_entries.wait_for(&mut q, wait);
+        }
+        let n = q.entries.len() as u64;
+        if n == 0 {
+            return None;
+        }
+        let first_seq = q.next_seq - n;
+        let mut entries = Vec::new();
+        let mut count = 0u32;
+        while let Some(e) = q.entries.front() {
+            if count > 0 && (entries.len() + e.len() > MAX_ENTRY_BYTES || count == MAX_ENTRIES) {
+                break;
+            }
+            entries.extend_from_slice(e);
+            q.entries.pop_front();
+            count += 1;
+        }
+        Some(Taken {
+            first_seq,
+            count,
+            entries,
+        })
+    }
+}
+
+impl MutationObserver for OpLogSink {
+    fn observe(&self, mutation: &Mutation) {
+        let mut body = Vec::with_capacity(96);
+        encode_mutation(&mut body, mutation);
+        let mut entry = Vec::with_capacity(body.len() + 3);
+        put_entry_bytes(&mut entry, &body);
+        let mut q = self.queue.lock();
+        let seq = q.next_seq;
+        q.next_seq += 1;
+        if self.health() != WriterHealth::Fenced {
+            q.entries.push_back(entry);
+        }
+        self.assigned.store(seq, Ordering::Release);
+        drop(q);
+        self.has_entries.notify_one();
+    }
+}
