@@ -2,6 +2,7 @@
 
 mod node;
 mod quickstart;
+mod tasks;
 mod verbs;
 
 use clap::{Parser, Subcommand};
@@ -47,6 +48,14 @@ enum Command {
     Ls(verbs::LsArgs),
     /// Remove KEY.
     Rm(verbs::RmArgs),
+    /// Add a replica of KEY on another node (a task the node holding KEY runs); prints the
+    /// task id.
+    Copy(tasks::CopyArgs),
+    /// Move KEY's replica from one node to another (a task the source node runs); prints the
+    /// task id.
+    Move(tasks::MoveArgs),
+    /// The state of a copy or move task.
+    Task(tasks::TaskArgs),
     /// Segments, usage and key count of the cluster.
     Stat(verbs::StatArgs),
     /// Ask the master to write a snapshot now (into its --snapshot_dir); prints the file, its
@@ -156,6 +165,18 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Rm(args) => {
             init_logging_at("warn");
             verbs::rm(args)
+        }
+        Command::Copy(args) => {
+            init_logging_at("warn");
+            tasks::copy(args)
+        }
+        Command::Move(args) => {
+            init_logging_at("warn");
+            tasks::move_key(args)
+        }
+        Command::Task(args) => {
+            init_logging_at("warn");
+            tasks::task(args)
         }
         Command::Stat(args) => {
             init_logging_at("warn");

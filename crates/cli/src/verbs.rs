@@ -82,7 +82,7 @@ pub struct SnapshotArgs {
     pub timeout_seconds: u64,
 }
 
-fn connect(target: &Target) -> anyhow::Result<BlockingStoreClient> {
+pub fn connect(target: &Target) -> anyhow::Result<BlockingStoreClient> {
     connect_with(target, StoreConfig::default().rpc.call_timeout)
 }
 

@@ -5,15 +5,12 @@
 
 mod common;
 
-use common::{pattern, MasterProcess, StoreNode, BIN};
+use common::{pattern, verb, verb_ok, MasterProcess, StoreNode};
 use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
 use mooncake_common::{ClientId, ErrorCode, ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use mooncake_transfer::TransportMode;
-use std::io::Read;
 use std::net::SocketAddr;
-use std::process::{Command, Output, Stdio};
-use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 fn runtime() -> tokio::runtime::Runtime {
@@ -38,59 +35,6 @@ async fn client_over(master: SocketAddr, transport: TransportMode) -> StoreClien
     })
     .await
     .unwrap()
-}
-
-/// Runs a `mooncake` verb with a time limit.
-fn verb(args: &[&str], stdin: Option<&[u8]>) -> Output {
-    let mut child = Command::new(BIN)
-        .args(args)
-        .env("MOONCAKE_LOG", "error")
-        .stdin(if stdin.is_some() {
-            Stdio::piped()
-        } else {
-            Stdio::null()
-        })
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .unwrap();
-    if let Some(bytes) = stdin {
-        use std::io::Write;
-        let mut pipe = child.stdin.take().unwrap();
-        pipe.write_all(bytes).unwrap();
-    }
-    let (tx, rx) = mpsc::channel();
-    let mut out = child.stdout.take().unwrap();
-    let mut err = child.stderr.take().unwrap();
-    std::thread::spawn(move || {
-        let mut o = Vec::new();
-        let mut e = Vec::new();
-        let _ = out.read_to_end(&mut o);
-        let _ = err.read_to_end(&mut e);
-        let _ = tx.send((o, e));
-    });
-    let (stdout, stderr) = rx
-        .recv_timeout(Duration::from_secs(30))
-        .unwrap_or_else(|_| panic!("mooncake {args:?} did not finish in 30 s"));
-    let status = child.wait().unwrap();
-    Output {
-        status,
-        stdout,
-        stderr,
-    }
-}
-
-/// Runs `mooncake ARGS` with no stdin; its stdout, after asserting it exited 0 (stdout and stderr
-/// in the message otherwise).
-fn verb_ok(args: &[&str]) -> String {
-    let out = verb(args, None);
-    let text = String::from_utf8_lossy(&out.stdout).to_string();
-    assert!(
-        out.status.success(),
-        "{text}\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    text
 }
 
 fn memory_endpoint(replica: &mooncake_common::ReplicaDescriptor) -> String {
@@ -681,6 +625,40 @@ fn bench_store_runs_every_case_briefly() {
         assert!(text.contains(case), "no {case:?} in\n{text}");
     }
     assert!(!text.contains("FAIL"), "{text}");
+}
+
+/// The scaling case starts its client processes, runs every mode at every P and prints one
+/// row each (with no failed call: the binary exits non-zero otherwise) next to both floors.
+#[test]
+fn bench_scaling_runs_every_mode_with_several_client_processes() {
+    let text = verb_ok(&[
+        "bench",
+        "scaling",
+        "--procs",
+        "1,2",
+        "--seconds",
+        "0.1",
+        "--keys",
+        "256",
+        "--pingpong-iterations",
+        "200",
+    ]);
+    for floor in ["(blocking floor)", "(spinning floor)"] {
+        assert!(text.contains(floor), "no {floor} in\n{text}");
+    }
+    for procs in ["1", "2"] {
+        for mode in ["is_exist", "batch_is_exist", "get"] {
+            let row = text.lines().find(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                words.first() == Some(&mode) && words.get(1) == Some(&procs)
+            });
+            let row = row.unwrap_or_else(|| panic!("no {mode} row for P={procs} in\n{text}"));
+            // calls/s, then the errors column last.
+            let words: Vec<&str> = row.split_whitespace().collect();
+            assert!(words[2].parse::<f64>().unwrap() > 0.0, "{row}");
+            assert_eq!(words.last(), Some(&"0"), "{row}");
+        }
+    }
 }
 
 #[test]

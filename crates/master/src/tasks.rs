@@ -6,6 +6,11 @@
 //! FAILED. Limits and timeouts are upstream's defaults ([`TaskLimits`]): at most 10 000 pending
 //! and 10 000 processing tasks, pending and processing tasks fail after 300 s, and at most
 //! 10 000 finished tasks are kept (oldest pruned first) by [`TaskManager::cleanup`].
+//!
+//! A task the client reports FAILED goes back to PENDING up to `max_retry_attempts` times
+//! (upstream's default 10), each time fetchable only after a backoff that doubles from
+//! [`RETRY_BACKOFF_BASE_MS`] up to [`RETRY_BACKOFF_CAP_MS`]; its message keeps the last reason.
+//! The report after the last retry makes it FAILED for good.
 
 use std::collections::{HashMap, VecDeque};
 
@@ -21,6 +26,21 @@ pub struct TaskLimits {
     pub max_finished: usize,
     pub pending_timeout_ms: u64,
     pub processing_timeout_ms: u64,
+    /// Times a task reported FAILED is queued again before it stays FAILED.
+    pub max_retry_attempts: u32,
+}
+
+/// The wait before a task's first retry; each later retry waits twice the one before.
+pub const RETRY_BACKOFF_BASE_MS: u64 = 200;
+/// The longest wait before a retry.
+pub const RETRY_BACKOFF_CAP_MS: u64 = 10_000;
+
+/// The wait before retry number `attempt` (1-based).
+fn retry_backoff_ms(attempt: u32) -> u64 {
+    let doublings = attempt.saturating_sub(1).min(16);
+    RETRY_BACKOFF_BASE_MS
+        .saturating_mul(1 << doublings)
+        .min(RETRY_BACKOFF_CAP_MS)
 }
 
 impl Default for TaskLimits {
@@ -31,6 +51,7 @@ impl Default for TaskLimits {
             max_finished: 10_000,
             pending_timeout_ms: 300_000,
             processing_timeout_ms: 300_000,
+            max_retry_attempts: 10,
         }
     }
 }
@@ -42,6 +63,10 @@ struct TaskRecord {
     client: ClientId,
     updated_ms: u64,
     message: String,
+    /// Retries so far (FAILED reports that queued the task again).
+    retries: u32,
+    /// A retried task is not handed out before this time.
+    not_before_ms: u64,
 }
 
 /// The task queue. One mutex guards it (a leaf of the lock order).
@@ -79,6 +104,8 @@ impl TaskManager {
                 client: owner,
                 updated_ms: now_ms,
                 message: String::new(),
+                retries: 0,
+                not_before_ms: 0,
             },
         );
         self.pending.entry(owner).or_default().push_back(id);
@@ -94,13 +121,20 @@ impl TaskManager {
             .max_processing
             .saturating_sub(self.processing_count);
         let take = batch.min(room);
-        let ids: Vec<TaskId> = match self.pending.get_mut(&client) {
-            Some(q) => {
-                let n = take.min(q.len());
-                q.drain(..n).collect()
+        let mut ids: Vec<TaskId> = Vec::new();
+        if let Some(q) = self.pending.get_mut(&client) {
+            let tasks = &self.tasks;
+            let ready = |id: &TaskId| tasks.get(id).is_none_or(|t| t.not_before_ms <= now_ms);
+            let mut kept = VecDeque::with_capacity(q.len());
+            while let Some(id) = q.pop_front() {
+                if ids.len() < take && ready(&id) {
+                    ids.push(id);
+                } else {
+                    kept.push_back(id);
+                }
             }
-            None => Vec::new(),
-        };
+            *q = kept;
+        }
         if self.pending.get(&client).is_some_and(VecDeque::is_empty) {
             self.pending.remove(&client);
         }
@@ -131,7 +165,14 @@ impl TaskManager {
         if !matches!(req.status, TaskStatus::Success | TaskStatus::Failed) {
             return Err(ErrorCode::INVALID_PARAMS);
         }
-        self.finish(req.id, req.status, req.message.clone(), now_ms);
+        if req.status == TaskStatus::Failed && self.retry(req.id, &req.message, now_ms) {
+            return Ok(());
+        }
+        let message = match self.tasks.get(&req.id).map_or(0, |t| t.retries) {
+            0 => req.message.clone(),
+            n => format!("{} (after {n} retries)", req.message),
+        };
+        self.finish(req.id, req.status, message, now_ms);
         self.prune_finished();
         Ok(())
     }
@@ -173,6 +214,27 @@ impl TaskManager {
         }
         self.prune_finished();
         due.len()
+    }
+
+    /// Queues a PROCESSING task reported FAILED again when it has retries left; false when it
+    /// has none (or is not PROCESSING).
+    fn retry(&mut self, id: TaskId, reason: &str, now_ms: u64) -> bool {
+        let max = self.limits.max_retry_attempts;
+        let Some(t) = self.tasks.get_mut(&id) else {
+            return false;
+        };
+        if t.status != TaskStatus::Processing || t.retries >= max {
+            return false;
+        }
+        t.retries += 1;
+        t.status = TaskStatus::Pending;
+        t.updated_ms = now_ms;
+        t.not_before_ms = now_ms.saturating_add(retry_backoff_ms(t.retries));
+        t.message = format!("retry {} of {max} after: {reason}", t.retries);
+        self.pending.entry(t.client).or_default().push_back(id);
+        self.processing_count -= 1;
+        self.pending_count += 1;
+        true
     }
 
     fn finish(&mut self, id: TaskId, status: TaskStatus, message: String, now_ms: u64) {

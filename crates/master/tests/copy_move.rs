@@ -341,6 +341,7 @@ fn task_queue_limits() {
         max_pending: 3,
         max_processing: 2,
         max_finished: 1,
+        max_retry_attempts: 0,
         ..TaskLimits::default()
     });
     let ids: Vec<_> = (0..3)
@@ -369,4 +370,54 @@ fn task_queue_limits() {
     );
     assert_eq!(m.query_task(ids[1]).unwrap().message, "x");
     assert_eq!(m.fetch_tasks(C1, 10).len(), 1);
+}
+
+/// A task reported FAILED is queued again `max_retry_attempts` times, each retry fetchable only
+/// after its backoff (which doubles); the report after the last retry is final, with the reason.
+#[test]
+fn failed_task_is_retried_with_backoff_then_fails() {
+    let (clock, m) = master();
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.mount_segment(&seg(2, "b", 1 << 20), C1).unwrap();
+    put_on(&m, "k", "a");
+    m.set_task_limits(TaskLimits {
+        max_retry_attempts: 2,
+        ..TaskLimits::default()
+    });
+    let id = m.create_copy_task("k", "", &keys(&["b"])).unwrap();
+    let failed = |why: &str| TaskCompleteRequest {
+        id,
+        status: TaskStatus::Failed,
+        message: why.into(),
+    };
+    for (retry, backoff) in [(1u32, 200u64), (2, 400)] {
+        assert_eq!(m.fetch_tasks(C1, 10).len(), 1, "attempt {retry}");
+        m.mark_task_to_complete(C1, &failed("target unreachable"))
+            .unwrap();
+        let q = m.query_task(id).unwrap();
+        assert_eq!(q.status, TaskStatus::Pending, "retry {retry} queued");
+        assert!(q.message.contains("target unreachable"), "{}", q.message);
+        assert!(m.fetch_tasks(C1, 10).is_empty(), "backoff not over yet");
+        clock.advance(backoff - 1);
+        assert!(m.fetch_tasks(C1, 10).is_empty(), "backoff not over yet");
+        clock.advance(1);
+    }
+    assert_eq!(m.fetch_tasks(C1, 10).len(), 1, "last attempt");
+    m.mark_task_to_complete(C1, &failed("target unreachable"))
+        .unwrap();
+    let q = m.query_task(id).unwrap();
+    assert_eq!(q.status, TaskStatus::Failed);
+    assert_eq!(q.message, "target unreachable (after 2 retries)");
+    clock.advance(60_000);
+    assert!(m.fetch_tasks(C1, 10).is_empty());
+    // A success on a later attempt is final at once.
+    let ok = m.create_copy_task("k", "", &keys(&["b"])).unwrap();
+    assert_eq!(m.fetch_tasks(C1, 10).len(), 1);
+    let done = TaskCompleteRequest {
+        id: ok,
+        status: TaskStatus::Success,
+        message: String::new(),
+    };
+    m.mark_task_to_complete(C1, &done).unwrap();
+    assert_eq!(m.query_task(ok).unwrap().status, TaskStatus::Success);
 }

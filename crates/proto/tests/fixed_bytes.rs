@@ -376,6 +376,14 @@ fn method_id_table_is_pinned() {
         (53, "ReportTransferFailure"),
         (54, "ExistKeyPinned"),
         (55, "BatchExistKeyPinned"),
+        (60, "MountLocalDisk"),
+        (61, "OffloadHeartbeat"),
+        (62, "NotifyOffload"),
+        (63, "AdvertiseDiskObjects"),
+        (64, "EvictDiskObjects"),
+        (65, "GetOffloadStats"),
+        (70, "LoadDiskObjects"),
+        (71, "ReleaseDiskObjects"),
     ];
     assert_eq!(METHODS, expected);
 }

@@ -9,6 +9,7 @@ pub mod config;
 mod flags;
 pub mod http;
 pub mod metrics;
+pub mod oplog;
 pub mod process;
 pub mod rpc_dispatch;
 pub mod snapshot;

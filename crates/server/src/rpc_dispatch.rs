@@ -10,6 +10,7 @@ use mooncake_rpc::{Handler, HandlerError};
 use std::sync::Arc;
 
 use crate::metrics::RpcMetrics;
+use crate::oplog::{method_class, OpLogHandle};
 use crate::snapshot::Snapshotter;
 
 /// The version string `ServiceReady` answers.
@@ -22,6 +23,7 @@ pub struct MasterRpc {
     metrics: Arc<RpcMetrics>,
     limits: Limits,
     snapshots: Option<Arc<Snapshotter>>,
+    oplog: Option<Arc<OpLogHandle>>,
 }
 
 impl MasterRpc {
@@ -31,12 +33,19 @@ impl MasterRpc {
             metrics,
             limits,
             snapshots: None,
+            oplog: None,
         }
     }
 
     /// Serves `TakeSnapshot` with `snapshots` (without: `NOT_SUPPORTED`).
     pub fn with_snapshots(mut self, snapshots: Option<Arc<Snapshotter>>) -> Self {
         self.snapshots = snapshots;
+        self
+    }
+
+    /// Gates and acknowledges mutating calls with `oplog` (crate::oplog).
+    pub fn with_oplog(mut self, oplog: Option<Arc<OpLogHandle>>) -> Self {
+        self.oplog = oplog;
         self
     }
 
@@ -71,9 +80,20 @@ impl MasterRpc {
                 ));
             }
         };
+        let logged = self
+            .oplog
+            .as_ref()
+            .and_then(|h| method_class(M::ID).map(|class| (h, class)));
         let reply = match request.check_limits(&self.limits) {
-            Ok(()) => op(&self.master, &request),
+            Ok(()) => match logged.map(|(h, _)| h.gate()) {
+                Some(Err(code)) => Err(code),
+                _ => op(&self.master, &request),
+            },
             Err(code) => Err(code),
+        };
+        let reply = match (logged, reply) {
+            (Some((h, class)), Ok(value)) => h.ack(class).map(|()| value),
+            (_, reply) => reply,
         };
         observe(&self.metrics, &request, &reply);
         encode_into(&reply, out).map_err(|e| HandlerError::new(e.code(), e.to_string()))
@@ -432,6 +452,46 @@ impl Handler for MasterRpc {
                 Ok(m::ConfirmReplicasResponse {
                     verified: done.verified,
                     dropped: done.dropped,
+                })
+            }),
+            m::MountLocalDisk::ID => self.serve(body, out, |ms, r: &m::MountLocalDisk| {
+                ms.mount_local_disk(r.client, &r.endpoint, r.capacity_bytes, r.used_bytes)
+            }),
+            m::OffloadHeartbeat::ID => self.serve(body, out, |ms, r: &m::OffloadHeartbeat| {
+                let max = usize::try_from(r.max_tasks).unwrap_or(usize::MAX);
+                ms.offload_heartbeat(r.client, max, r.used_bytes)
+            }),
+            m::NotifyOffload::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::NotifyOffload| r.outcomes.len(),
+                |ms, r| Ok(ms.notify_offload(r.client, &r.outcomes)),
+            ),
+            m::AdvertiseDiskObjects::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::AdvertiseDiskObjects| r.objects.len(),
+                |ms, r| ms.advertise_disk_objects(r.client, &r.objects),
+            ),
+            m::EvictDiskObjects::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::EvictDiskObjects| r.objects.len(),
+                |ms, r| Ok(ms.evict_disk_objects(r.client, &r.objects)),
+            ),
+            m::GetOffloadStats::ID => self.serve(body, out, |ms, _: &m::GetOffloadStats| {
+                let s = ms.offload_stats();
+                Ok(m::OffloadStatsReply {
+                    queued: s.queued,
+                    stored: s.stored,
+                    refused: s.refused,
+                    dropped: s.dropped,
+                    in_flight: s.in_flight,
+                    disk_evicted: s.disk_evicted,
+                    advertised: s.advertised,
+                    disks: s.disks,
+                    disk_capacity_bytes: s.disk_capacity_bytes,
+                    disk_used_bytes: s.disk_used_bytes,
                 })
             }),
             m::TakeSnapshot::ID => {

@@ -3,7 +3,7 @@
 
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
-use std::process::{Child, Command, ExitStatus, Stdio};
+use std::process::{Child, Command, ExitStatus, Output, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -177,6 +177,8 @@ pub struct StoreNode {
     pub child: Child,
     /// The transfer endpoint it printed.
     pub endpoint: String,
+    /// Its segment's name (`host:port`), as copy, move and drain name it.
+    pub name: String,
 }
 
 impl StoreNode {
@@ -210,7 +212,12 @@ impl StoreNode {
         let endpoint = word_after(&line, "endpoint")
             .unwrap_or_else(|| panic!("no endpoint in {line:?}"))
             .to_string();
-        StoreNode { child, endpoint }
+        let name = word_after(&line, "name").unwrap_or_default().to_string();
+        StoreNode {
+            child,
+            endpoint,
+            name,
+        }
     }
 
     pub fn signal(&self, sig: i32) {
@@ -289,4 +296,81 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
             state as u8
         })
         .collect()
+}
+
+/// Polls (at most `limit`) until every object reads back through `c`; asserts each is
+/// byte-exact.
+pub async fn wait_readable_within(
+    c: &mooncake_client::StoreClient,
+    objects: &[(String, Vec<u8>)],
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    for (key, value) in objects {
+        loop {
+            match c.get(key).await {
+                Ok(got) => {
+                    assert!(got == *value, "{key}: other bytes than were put");
+                    break;
+                }
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{key} not readable within {limit:?}: {e}"),
+            }
+        }
+    }
+}
+
+/// Runs a `mooncake` verb with a time limit.
+pub fn verb(args: &[&str], stdin: Option<&[u8]>) -> Output {
+    let mut child = Command::new(BIN)
+        .args(args)
+        .env("MOONCAKE_LOG", "error")
+        .stdin(if stdin.is_some() {
+            Stdio::piped()
+        } else {
+            Stdio::null()
+        })
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    if let Some(bytes) = stdin {
+        use std::io::Write;
+        let mut pipe = child.stdin.take().unwrap();
+        pipe.write_all(bytes).unwrap();
+    }
+    let (tx, rx) = mpsc::channel();
+    let mut out = child.stdout.take().unwrap();
+    let mut err = child.stderr.take().unwrap();
+    std::thread::spawn(move || {
+        let mut o = Vec::new();
+        let mut e = Vec::new();
+        let _ = out.read_to_end(&mut o);
+        let _ = err.read_to_end(&mut e);
+        let _ = tx.send((o, e));
+    });
+    let (stdout, stderr) = rx
+        .recv_timeout(Duration::from_secs(30))
+        .unwrap_or_else(|_| panic!("mooncake {args:?} did not finish in 30 s"));
+    let status = child.wait().unwrap();
+    Output {
+        status,
+        stdout,
+        stderr,
+    }
+}
+
+/// Runs `mooncake ARGS` with no stdin; its stdout, after asserting it exited 0 (stdout and stderr
+/// in the message otherwise).
+pub fn verb_ok(args: &[&str]) -> String {
+    let out = verb(args, None);
+    let text = String::from_utf8_lossy(&out.stdout).to_string();
+    assert!(
+        out.status.success(),
+        "{text}\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    text
 }

@@ -1,7 +1,8 @@
 //! The segment this client contributes and keeping it known to the master: `mount_segment`,
 //! the heartbeat (`Ping` every `heartbeat_interval`) and the re-mount the master asks for with
 //! `NEED_REMOUNT` after it restarted or expired this client, followed by the check of the
-//! replicas a restored master holds for this client's segments (`verify.rs`). While the master
+//! replicas a restored master holds for this client's segments (`verify.rs`). After each ping
+//! that succeeds, a client with a segment runs the tasks the master queued for it (`tasks.rs`). While the master
 //! is unreachable every ping fails within the RPC timeout and the loop keeps trying; the RPC
 //! client reconnects on the next call.
 
@@ -214,6 +215,7 @@ pub(super) async fn heartbeat_loop(inner: std::sync::Weak<Inner>, period: Durati
             Ok(_) => {
                 inner.stats.heartbeats_ok.fetch_add(1, Ordering::Relaxed);
                 reported = false;
+                super::tasks::spawn_runner(&inner);
             }
             Err(error) => {
                 inner

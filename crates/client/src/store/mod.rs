@@ -23,11 +23,15 @@
 //! - `buffers.rs`: registered buffers and the per-operation pins of caller memory;
 //! - `endpoints.rs`: the cache of parsed peer endpoints;
 //! - `heartbeat.rs`: mounting the segment, the heartbeat and re-mount;
+//! - `tasks.rs`: the copy and move tasks the master queues for this client;
 //! - `verify.rs`: checking the replicas a restored master holds for this client's segments;
 //! - `addressing.rs`: buffer address ↔ (segment, offset); `error.rs`: [`StoreError`].
 
 pub mod addressing;
 mod buffers;
+pub mod disk;
+mod disk_node;
+mod disk_read;
 mod endpoints;
 mod error;
 mod heartbeat;
@@ -36,13 +40,16 @@ mod pins;
 mod ranges;
 mod read;
 mod sessions;
+mod tasks;
 mod verify;
 mod write;
 
+pub use disk::{DiskConfig, DiskStats, DiskTier};
 pub use error::StoreError;
 pub use mooncake_transfer::local_host_id;
 pub use mooncake_transfer::memory::Access;
 pub use ranges::{RangeRead, RangeWrite};
+pub use tasks::TASK_BATCH;
 pub use verify::VerifyReport;
 
 use mooncake_common::{AuthToken, ClientId, Segment};
@@ -108,6 +115,9 @@ pub struct StoreConfig {
     /// connection and keying this client's data-port capabilities. `None` (the default): the
     /// environment's (`MC_AUTH_TOKEN`, else the file `MC_AUTH_TOKEN_FILE`), if any.
     pub auth_token: Option<AuthToken>,
+    /// A local disk tier (`store/disk.rs`): objects are offloaded to it and read back from it
+    /// as LOCAL_DISK replicas. `None` (the default): memory only.
+    pub disk: Option<DiskConfig>,
 }
 
 impl Default for StoreConfig {
@@ -126,6 +136,7 @@ impl Default for StoreConfig {
             rpc: ClientConfig::default(),
             transfer: TransferConfig::default(),
             auth_token: None,
+            disk: None,
         }
     }
 }
@@ -155,6 +166,10 @@ pub struct StoreStats {
     /// RPC). This client reads memory replicas only, so it stays 0 until the SSD tier reads
     /// land.
     pub offload_rpc_reads: AtomicU64,
+    /// Copy/move tasks this client ran and reported SUCCESS.
+    pub tasks_succeeded: AtomicU64,
+    /// Copy/move tasks this client ran and reported FAILED (each attempt counts).
+    pub tasks_failed: AtomicU64,
 }
 
 #[derive(Debug)]
@@ -188,6 +203,16 @@ struct Inner {
     held_exists: Mutex<Vec<String>>,
     /// Whether the master serves pinned existence checks: `pins::UNKNOWN`, `SERVED`, `REFUSED`.
     exist_pins: AtomicU8,
+    /// RPC settings for peers' disk servers (the master's, with the resolved token).
+    peer_rpc: ClientConfig,
+    /// This node's disk tier, its server and the endpoint the master hands to readers.
+    disk: Option<Arc<DiskTier>>,
+    disk_server: Mutex<Option<mooncake_rpc::RpcServer>>,
+    disk_endpoint: Mutex<String>,
+    /// Clients of other nodes' disk servers, by endpoint.
+    disk_peers: Mutex<std::collections::HashMap<String, Arc<MasterClient>>>,
+    /// A task runner is fetching and running this client's tasks (`tasks.rs`).
+    task_runner: AtomicBool,
 }
 
 /// An async store client. Cheap to clone; all clones share one connection and engine.
@@ -331,8 +356,12 @@ impl StoreClient {
         let engine = start_engine(transfer, &bind, config.auto_port_range.as_ref())?;
         let mut rpc = config.rpc.clone();
         rpc.auth_token = auth_token;
-        let master = MasterClient::new(master_addr, rpc);
+        let master = MasterClient::new(master_addr, rpc.clone());
         master.service_ready().await?;
+        let disk = match &config.disk {
+            Some(disk) => Some(Arc::new(DiskTier::open(disk.clone(), &engine)?)),
+            None => None,
+        };
         let inner = Arc::new(Inner {
             master,
             engine,
@@ -350,6 +379,12 @@ impl StoreClient {
             pins_unsupported: AtomicBool::new(false),
             held_exists: Mutex::new(Vec::new()),
             exist_pins: AtomicU8::new(pins::UNKNOWN),
+            peer_rpc: rpc,
+            disk: disk.clone(),
+            disk_server: Mutex::new(None),
+            disk_endpoint: Mutex::new(String::new()),
+            disk_peers: Mutex::new(std::collections::HashMap::new()),
+            task_runner: AtomicBool::new(false),
             config,
         });
         let client = StoreClient {
@@ -361,10 +396,23 @@ impl StoreClient {
                 .mount_segment(client.inner.config.global_segment_size)
                 .await?;
         }
+        if let Some(disk) = disk {
+            let server = client.start_disk(disk).await?;
+            *client.inner.disk_server.lock() = Some(server);
+        }
         let weak = Arc::downgrade(&client.inner);
         let period = client.inner.config.heartbeat_interval;
         *client.heartbeat.lock() = Some(tokio::spawn(heartbeat::heartbeat_loop(weak, period)));
         Ok(client)
+    }
+
+    /// Another handle on a client's state (its heartbeat is owned by the handles `connect`
+    /// returned).
+    fn from_inner(inner: Arc<Inner>) -> StoreClient {
+        StoreClient {
+            inner,
+            heartbeat: Arc::new(Mutex::new(None)),
+        }
     }
 
     /// This client's id at the master.
@@ -385,6 +433,16 @@ impl StoreClient {
     /// Heartbeat and fallback counters.
     pub fn stats(&self) -> &StoreStats {
         &self.inner.stats
+    }
+
+    /// This node's disk tier, if it has one.
+    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+        self.inner.disk.as_ref()
+    }
+
+    /// The endpoint of this node's disk server (empty without a disk).
+    pub fn disk_endpoint(&self) -> String {
+        self.inner.disk_endpoint.lock().clone()
     }
 
     /// How often a call to the master read its answer from the socket on the calling thread
@@ -471,6 +529,17 @@ impl StoreClient {
                 first_error.get_or_insert(StoreError::from(error));
             }
             let _ = self.inner.engine.unregister(mounted.memory.id());
+        }
+        let server = self.inner.disk_server.lock().take();
+        if let Some(server) = server {
+            server.shutdown().await;
+        }
+        if let Some(disk) = &self.inner.disk {
+            if let Err(error) = disk.backend().close() {
+                first_error.get_or_insert(StoreError::InvalidParams(format!(
+                    "closing the disk: {error}"
+                )));
+            }
         }
         self.inner.engine.shutdown();
         first_error.map_or(Ok(()), Err)

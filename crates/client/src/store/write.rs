@@ -22,9 +22,9 @@ type WriteTarget = (Arc<Endpoint>, u64, u64);
 
 /// A failed write leg: the error the caller sees, and the endpoints (as the master knows them)
 /// whose transfers failed for reasons of their node.
-struct LegFailure {
-    error: StoreError,
-    peers: Vec<Arc<str>>,
+pub(super) struct LegFailure {
+    pub(super) error: StoreError,
+    pub(super) peers: Vec<Arc<str>>,
 }
 
 impl LegFailure {
@@ -436,7 +436,7 @@ impl StoreClient {
     /// CRC32C of the bytes the transfer engine computed while writing the first replica (each
     /// part on the thread that copied it, while it was in cache); `None` when nothing was
     /// checksummed (no memory replica, or nothing but empty parts).
-    async fn write_replicas(
+    pub(super) async fn write_replicas(
         &self,
         replicas: &[ReplicaDescriptor],
         parts: &[&[u8]],

@@ -1,0 +1,195 @@
+//! Copy and move tasks the master queues for this client (it owns their source segment), as
+//! upstream's clients: each heartbeat of a client with a segment starts a runner (one at a
+//! time) that fetches up to [`TASK_BATCH`] tasks with FetchTasks, runs them concurrently and
+//! fetches again until the queue is empty.
+//!
+//! A copy is CopyStart (the master pins the source and allocates PROCESSING targets), the
+//! source's bytes read from this client's segment and written to every target in one transfer
+//! batch, then CopyEnd; a move is the same with MoveStart/MoveEnd (the master drops the source
+//! at the end; a target that already holds a replica is not written). A failure after the start
+//! revokes it (CopyRevoke/MoveRevoke: the targets are erased, the source stays). Every task is
+//! reported with MarkTaskToComplete: SUCCESS, or FAILED with the reason (the master queues a
+//! failed task again up to its `max_retry_attempts`).
+
+use mooncake_common::{
+    ReplicaDescriptor, ReplicaKind, TaskAssignment, TaskCompleteRequest, TaskStatus, TaskType,
+};
+use mooncake_proto::methods as m;
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use super::{Inner, StoreClient, StoreError};
+
+/// Tasks fetched (and run concurrently) at a time.
+pub const TASK_BATCH: u64 = 16;
+
+impl StoreClient {
+    /// Fetches this client's queued tasks and runs them until the master has none left for it
+    /// (or the client closes). Returns how many tasks ran. The heartbeat calls this on its own;
+    /// call it to run queued work now (a shutdown that drains its segment does).
+    pub async fn run_queued_tasks(&self) -> Result<usize, StoreError> {
+        let inner = &self.inner;
+        let mut ran = 0;
+        while !inner.closed.load(Ordering::Acquire) {
+            let fetch = m::FetchTasks {
+                client: inner.client_id,
+                batch_size: TASK_BATCH,
+            };
+            let tasks = inner.master.call(&fetch).await?;
+            if tasks.is_empty() {
+                break;
+            }
+            ran += tasks.len();
+            let mut running = tokio::task::JoinSet::new();
+            for task in tasks {
+                let client = self.clone();
+                running.spawn(async move { client.run_task(&task).await });
+            }
+            while running.join_next().await.is_some() {}
+        }
+        Ok(ran)
+    }
+
+    /// Runs one task and reports its outcome to the master.
+    async fn run_task(&self, task: &TaskAssignment) {
+        let outcome = self.execute_task(task).await;
+        let stats = &self.inner.stats;
+        let (status, message) = match outcome {
+            Ok(()) => {
+                stats.tasks_succeeded.fetch_add(1, Ordering::Relaxed);
+                (TaskStatus::Success, String::new())
+            }
+            Err(error) => {
+                stats.tasks_failed.fetch_add(1, Ordering::Relaxed);
+                tracing::debug!(task = %task.id, key = %task.key, %error, "task failed");
+                (TaskStatus::Failed, format!("{}: {error}", error.code()))
+            }
+        };
+        let report = m::MarkTaskToComplete {
+            client: self.inner.client_id,
+            request: TaskCompleteRequest {
+                id: task.id,
+                status,
+                message,
+            },
+        };
+        if let Err(error) = self.inner.master.call(&report).await {
+            tracing::warn!(task = %task.id, %error, "reporting a task's outcome failed");
+        }
+    }
+
+    /// Start, copy the bytes, end (revoke when the copy failed).
+    async fn execute_task(&self, task: &TaskAssignment) -> Result<(), StoreError> {
+        let (client, master) = (self.inner.client_id, &self.inner.master);
+        let (key, tenant) = (task.key.clone(), task.tenant_id.clone());
+        match task.task_type {
+            TaskType::ReplicaCopy => {
+                let start = m::CopyStart {
+                    client,
+                    key: key.clone(),
+                    tenant: tenant.clone(),
+                    source: task.source.clone(),
+                    targets: task.targets.clone(),
+                };
+                let started = master.call(&start).await?;
+                match self.copy_replica(&started.source, &started.targets).await {
+                    Ok(()) => Ok(master
+                        .call(&m::CopyEnd {
+                            client,
+                            key,
+                            tenant,
+                        })
+                        .await?),
+                    Err(error) => {
+                        let _ = master
+                            .call(&m::CopyRevoke {
+                                client,
+                                key,
+                                tenant,
+                            })
+                            .await;
+                        Err(error)
+                    }
+                }
+            }
+            TaskType::ReplicaMove => {
+                let target = task.targets.first().ok_or_else(|| {
+                    StoreError::InvalidParams("a move task without a target".to_string())
+                })?;
+                let start = m::MoveStart {
+                    client,
+                    key: key.clone(),
+                    tenant: tenant.clone(),
+                    source: task.source.clone(),
+                    target: target.clone(),
+                };
+                let started = master.call(&start).await?;
+                let targets: Vec<ReplicaDescriptor> = started.target.into_iter().collect();
+                match self.copy_replica(&started.source, &targets).await {
+                    Ok(()) => Ok(master
+                        .call(&m::MoveEnd {
+                            client,
+                            key,
+                            tenant,
+                        })
+                        .await?),
+                    Err(error) => {
+                        let _ = master
+                            .call(&m::MoveRevoke {
+                                client,
+                                key,
+                                tenant,
+                            })
+                            .await;
+                        Err(error)
+                    }
+                }
+            }
+        }
+    }
+
+    /// Reads `source` and writes its bytes to every memory replica of `targets`. Endpoints a
+    /// write failed to for reasons of their node are reported to the master (as a put does).
+    async fn copy_replica(
+        &self,
+        source: &ReplicaDescriptor,
+        targets: &[ReplicaDescriptor],
+    ) -> Result<(), StoreError> {
+        let ReplicaKind::Memory(memory) = &source.kind else {
+            return Err(StoreError::NoReadableReplica { key: String::new() });
+        };
+        let len = usize::try_from(memory.size)
+            .map_err(|_| StoreError::InvalidParams("object too large".to_string()))?;
+        if targets.is_empty() || len == 0 {
+            return Ok(());
+        }
+        let mut bytes = vec![0u8; len];
+        // A memory source: no key is needed to read it.
+        let plan = [(0usize, bytes.as_mut_ptr() as usize, len, source.clone(), "")];
+        self.read_planned(&plan)
+            .await
+            .remove(&0)
+            .unwrap_or(Err(StoreError::NoReadableReplica { key: String::new() }))?;
+        match self.write_replicas(targets, &[&bytes], len as u64).await {
+            Ok(_) => Ok(()),
+            Err(failure) => {
+                self.report_peers(&failure.peers).await;
+                Err(failure.error)
+            }
+        }
+    }
+}
+
+/// Starts a task runner for a client with a segment, unless one is running.
+pub(super) fn spawn_runner(inner: &Arc<Inner>) {
+    if inner.segments.lock().is_empty() || inner.task_runner.swap(true, Ordering::AcqRel) {
+        return;
+    }
+    let client = StoreClient::from_inner(inner.clone());
+    tokio::spawn(async move {
+        if let Err(error) = client.run_queued_tasks().await {
+            tracing::debug!(%error, "fetching tasks failed");
+        }
+        client.inner.task_runner.store(false, Ordering::Release);
+    });
+}
