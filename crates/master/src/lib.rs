@@ -68,6 +68,7 @@ mod tasks_rpc;
 mod tenants;
 mod unverified;
 mod upsert;
+mod writers;
 
 pub use apply::ApplyError;
 pub use audit::AccountingReport;
