@@ -88,9 +88,11 @@ fn init_logging_at(default: &str) {
 
 /// mimalloc instead of glibc's malloc for every Rust allocation of this binary. The master keeps
 /// one 112-byte entry per object, allocated between the short-lived buffers of each RPC batch;
-/// under glibc that pattern cost about 74 bytes of RSS per object beyond the live bytes (measured
-/// 259 bytes per object with glibc against 185 with mimalloc, same binary, 500,000 objects; see
-/// docs/decisions.md). mimalloc keeps each size class in its own pages, so the entries pack.
+/// under glibc that pattern cost about 74 bytes of RSS per object beyond the live bytes (259
+/// bytes per object with glibc against 185 with mimalloc, same binary, 500,000 objects). With the
+/// 112-byte entry: 163 (glibc) against 126.5 (mimalloc 2) at 1,000,000 objects; mimalloc 3 held
+/// 154, hence the `v2` feature (docs/decisions.md). Size classes live in their own pages, so the
+/// entries pack.
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
