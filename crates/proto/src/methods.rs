@@ -224,6 +224,15 @@ methods! {
     /// became suspected now. Ours: upstream places on a dead node until its client TTL ends.
     53 ReportTransferFailure { client: ClientId, endpoint: String } -> u64,
         limits(s, l) { check_key(&s.endpoint, l) };
+    /// ExistKey for a lookup whose load follows at once: a hit takes a read pin (released by
+    /// the caller's next lookup) instead of the read lease (docs/master.md "Read pins").
+    /// `release` as in `GetReplicaListPinned`. Ours.
+    54 ExistKeyPinned { key: String, tenant: String, release: Vec<String> } -> bool,
+        limits(s, l) { check_key(&s.key, l)?; check_keys(&s.release, l) };
+    /// BatchExistKey with read pins on the hits, releasing `release` first. Ours.
+    55 BatchExistKeyPinned { keys: Vec<String>, tenant: String, release: Vec<String> }
+        -> Vec<Result<bool, ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l)?; check_keys(&s.release, l) };
     /// Mounts (or re-mounts) `client`'s local disk: readers ask `endpoint` (the node's disk
     /// server, `host:port`) for its LOCAL_DISK objects. UNABLE_OFFLOAD on a master without
     /// `enable_offload`.
@@ -260,6 +269,18 @@ methods! {
     /// Offload counters and disk usage of the cluster.
     65 GetOffloadStats {} -> OffloadStatsReply,
         limits(s, l) { Ok(()) };
+    /// Takes up to `max_tasks` of `client`'s promotion tasks: load the object from the disk
+    /// into `buffer_address` (a PROCESSING memory replica on one of the node's segments).
+    66 PromotionHeartbeat { client: ClientId, max_tasks: u64 } -> Vec<OffloadTask>,
+        limits(s, l) { Ok(()) };
+    /// The node's answer to each promotion task it took: stored makes the memory replica
+    /// COMPLETE, not stored erases it.
+    67 NotifyPromotion { client: ClientId, outcomes: Vec<OffloadOutcome> }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) {
+            check_len(s.outcomes.len(), l)?;
+            s.outcomes.iter().try_for_each(|o| check_key(&o.key, l))
+        };
     /// Served by a store node's disk server, not the master: loads each key of `tenant` (of the
     /// given size) from the node's disk into its staging memory and answers where to read it.
     70 LoadDiskObjects { tenant: String, keys: Vec<String>, sizes: Vec<u64> } -> LoadedDiskObjects,
@@ -300,6 +321,10 @@ pub struct OffloadStatsReply {
     pub disks: u64,
     pub disk_capacity_bytes: u64,
     pub disk_used_bytes: u64,
+    pub promotions: u64,
+    pub promoted: u64,
+    pub promotion_failures: u64,
+    pub promotions_in_flight: u64,
 }
 
 /// The token bytes `Authenticate` carries (postcard: a varint length, then the bytes). `Debug`
