@@ -612,8 +612,27 @@ async fn replica_descriptors_by_batch_and_segment_names() {
 /// lookup), so a plain Remove succeeds right after it; a descriptor read keeps upstream's lease.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_finished_get_releases_its_object_and_descriptor_reads_keep_the_lease() {
-    let master = start_master().await;
-    let c = node(&master, 16 << 20, TransportMode::Auto).await;
+    // Finished gets are also released by the heartbeat: this client sends none during the test
+    // (and the master's client TTL outlasts any slow run), so only lookups release.
+    let config = MasterConfig {
+        rpc_address: "127.0.0.1".into(),
+        port: 0,
+        metrics_host: "127.0.0.1".into(),
+        metrics_port: 0,
+        client_ttl: 600,
+        ..MasterConfig::default()
+    };
+    let resolved = config.validate().unwrap();
+    let master = RunningMaster::start(&config, &resolved).await.unwrap();
+    let c = StoreClient::connect(StoreConfig {
+        master_addr: master.rpc_addr().to_string(),
+        local_hostname: "127.0.0.1".into(),
+        global_segment_size: 16 << 20,
+        heartbeat_interval: std::time::Duration::from_secs(3600),
+        ..StoreConfig::default()
+    })
+    .await
+    .unwrap();
     let one = ReplicateConfig::default();
     for key in ["a", "b", "c", "d", "e"] {
         c.put(key, &pattern(4096, 1), &one).await.unwrap();
