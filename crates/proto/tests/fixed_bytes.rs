@@ -374,6 +374,12 @@ fn method_id_table_is_pinned() {
         (51, "BatchGetReplicaListPinned"),
         (52, "ReleaseReads"),
         (53, "ReportTransferFailure"),
+        (80, "DrainSegment"),
+        (81, "CountSegmentObjects"),
+        (82, "CreateDrainJob"),
+        (83, "QueryDrainJob"),
+        (84, "CancelDrainJob"),
+        (85, "ListDrainJobs"),
     ];
     assert_eq!(METHODS, expected);
 }
