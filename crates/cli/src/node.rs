@@ -37,6 +37,37 @@ pub struct Args {
     /// 0 unmounts at once.
     #[arg(long, default_value_t = 5)]
     pub drain_on_shutdown_secs: u64,
+    /// A local disk tier in this directory (owned by this process alone): objects are offloaded
+    /// to it and read back from it when memory evicted them (the master needs
+    /// `--enable_offload`).
+    #[arg(long = "disk-dir", alias = "disk_dir")]
+    pub disk_dir: Option<std::path::PathBuf>,
+    /// Bytes of values the disk tier may hold (`64GiB`); required with `--disk-dir`.
+    #[arg(long = "disk-capacity", alias = "disk_capacity", value_parser = parse_size_arg)]
+    pub disk_capacity: Option<u64>,
+    /// Disk layout: `log` (offset-allocator log, default), `bucket` or `file` (file per key).
+    #[arg(long = "disk-backend", alias = "disk_backend", default_value = "log")]
+    pub disk_backend: mooncake_storage::BackendKind,
+    /// Staging memory for disk reads in flight (`256MiB`): the largest object readable from disk.
+    #[arg(long = "disk-staging", default_value = "256MiB", value_parser = parse_size_arg)]
+    pub disk_staging: u64,
+}
+
+/// The disk tier settings from the flags (`None` without `--disk-dir`).
+fn disk_config(args: &Args) -> anyhow::Result<Option<mooncake_client::DiskConfig>> {
+    let Some(dir) = &args.disk_dir else {
+        if args.disk_capacity.is_some() {
+            anyhow::bail!("--disk-capacity needs --disk-dir");
+        }
+        return Ok(None);
+    };
+    let Some(capacity) = args.disk_capacity else {
+        anyhow::bail!("--disk-dir needs --disk-capacity (the bytes the disk tier may hold)");
+    };
+    let mut config = mooncake_client::DiskConfig::new(dir.clone(), capacity);
+    config.backend = args.disk_backend;
+    config.staging_bytes = args.disk_staging;
+    Ok(Some(config))
 }
 
 /// Parses `4GiB`-style sizes for clap.
@@ -65,12 +96,14 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             }
             None => None,
         };
+        let disk = disk_config(&args)?;
         let config = StoreConfig {
             master_addr: args.master.clone(),
             local_hostname: args.host.clone(),
             global_segment_size: args.segment_size,
             transport: args.transport,
             auth_token,
+            disk,
             ..StoreConfig::default()
         };
         let client = StoreClient::connect(config)
@@ -84,6 +117,17 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             client.client_id(),
             client.segment_name()
         );
+        if let Some(disk) = client.disk() {
+            let usage = disk.backend().usage();
+            println!(
+                "mooncake store: disk {} backend {} capacity {} objects {} server {}",
+                disk.config().dir.display(),
+                disk.config().backend,
+                mooncake_common::format_size(usage.capacity_bytes),
+                usage.object_count,
+                client.disk_endpoint()
+            );
+        }
         std::io::stdout().flush()?;
         tokio::select! {
             _ = interrupt.recv() => {}

@@ -24,6 +24,6 @@ pub use mooncake_transfer::memory::Mapping as HostMemory;
 /// The `StoreConfig::transport` choice, so users of the config need not name the transfer crate.
 pub use mooncake_transfer::TransportMode;
 pub use store::{
-    Access, DrainReport, PutOutcome, RangeRead, RangeWrite, StoreClient, StoreConfig, StoreError,
-    VerifyReport,
+    Access, DiskConfig, DiskStats, DiskTier, DrainReport, PutOutcome, RangeRead, RangeWrite,
+    StoreClient, StoreConfig, StoreError, VerifyReport,
 };

@@ -10,6 +10,7 @@
 pub mod auth;
 pub mod clock;
 pub mod config;
+pub mod disk;
 pub mod error;
 pub mod ids;
 pub mod numbered;
@@ -22,6 +23,7 @@ pub mod units;
 pub use auth::{AuthToken, TokenError, AUTH_TOKEN_ENV, AUTH_TOKEN_FILE_ENV};
 pub use clock::{Clock, ManualClock, SystemClock};
 pub use config::{DataType, ReplicateConfig, SoftPinAction};
+pub use disk::{storage_key, DiskObject, OffloadOutcome, OffloadTask};
 pub use error::ErrorCode;
 pub use ids::{ClientId, IdParseError, ReplicaId, SegmentId, TaskId, Uuid};
 pub use replica::{

@@ -37,6 +37,12 @@ pub struct MasterServiceConfig {
     /// ([`DEFAULT_PUT_START_EVICT_BUDGET`]); 0 refuses at once with NO_AVAILABLE_HANDLE, as
     /// upstream. Not an upstream setting.
     pub put_start_evict_budget: usize,
+    /// Nodes may mount their disks and objects are offloaded to them (false).
+    pub enable_offload: bool,
+    /// Offload when memory eviction picks an object instead of at PutEnd (false).
+    pub offload_on_evict: bool,
+    /// Offload tasks a node's mailbox holds (queued and not answered) (50 000).
+    pub offloading_queue_limit: u64,
 }
 
 /// Default of [`MasterServiceConfig::put_start_evict_budget`]: a census of this many objects
@@ -58,6 +64,9 @@ impl Default for MasterServiceConfig {
             eviction_ratio: 0.05,
             eviction_high_watermark_ratio: 0.90,
             put_start_evict_budget: DEFAULT_PUT_START_EVICT_BUDGET,
+            enable_offload: false,
+            offload_on_evict: false,
+            offloading_queue_limit: 50_000,
         }
     }
 }

@@ -330,6 +330,15 @@ impl MasterService {
                     if !chosen {
                         return true;
                     }
+                    if self.config.offload_on_evict
+                        && self.try_queue_offload(tenant, &entry.key, &mut entry.meta)
+                    {
+                        // Offloaded first: the memory replica stays (pinned) until its disk
+                        // copy exists, and a later cycle takes it.
+                        self.emit_entry(tenant, entry);
+                        return true;
+                    }
+                    let m = &mut entry.meta;
                     let soft = m.soft_pinned(now_ms);
                     let bytes = evictable_bytes(m);
                     // The buffers are given up here and freed after the shard's lock (below),

@@ -71,6 +71,9 @@ pub struct MasterService {
     pub(crate) restore_active: AtomicBool,
     /// Event counters for `/metrics` (`stats.rs`).
     pub(crate) counters: crate::counters::MasterCounters,
+    /// Nodes' disks and their offload mailboxes (`offload.rs`).
+    pub(crate) offload: Mutex<crate::offload::OffloadState>,
+    pub(crate) offload_counters: crate::offload::OffloadCounters,
 }
 
 impl fmt::Debug for MasterService {
@@ -128,6 +131,8 @@ impl MasterService {
             unverified: Mutex::new(Unverified::default()),
             restore_active: AtomicBool::new(false),
             counters: crate::counters::MasterCounters::default(),
+            offload: Mutex::new(Default::default()),
+            offload_counters: Default::default(),
         })
     }
 

@@ -75,6 +75,7 @@ impl MasterService {
         }
         // Every handle into those segments dies here: their replicas are unreadable from now on.
         drop(allocators);
+        self.unmount_disks_of(&expired);
         // One pass: the replicas on those segments, and the writes the expired clients left in
         // flight (their keys are free for another writer at once, their space freed).
         self.sweep_dead(&expired);

@@ -289,6 +289,10 @@ impl MasterService {
                             edit.discard(stale, release_at);
                             meta.set(FLAG_PROCESSING, false);
                         }
+                        // A disk copy holds the old value: it goes (the node's record is
+                        // overwritten by the next offload, or evicted).
+                        meta.replicas
+                            .retain(|r| !matches!(r.data, ReplicaData::LocalDisk(_)));
                         if meta.has_complete() {
                             if meta.size == start.args.slice_length {
                                 edit.changed();

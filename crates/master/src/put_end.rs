@@ -45,6 +45,8 @@ impl MasterService {
         if let Some(deadline_ms) = pin_deadline {
             self.push_soft_pin(tenant, key, deadline_ms);
         }
+        drop(shard);
+        self.offload_after_put(tenant, key);
         Ok(())
     }
 

@@ -224,11 +224,12 @@ impl MasterService {
                     ahead.step();
                     entry.meta.drop_dead_complete_replicas();
                     let reaped = entry.meta.reap_write_of(dead_writers);
+                    let disk_gone = entry.meta.drop_local_disk_of(dead_writers);
                     let keep = entry.meta.is_valid();
                     if !keep {
                         erased += 1;
                         self.emit_erase(tenant, &entry.key);
-                    } else if !reaped.is_empty() {
+                    } else if !reaped.is_empty() || disk_gone {
                         self.emit_entry(tenant, entry);
                     }
                     // Emit before free: the reaped buffers go back to their allocators here.

@@ -7,10 +7,10 @@
 //! Tenants travel as strings (empty = `default`) and are validated by the server, as upstream.
 
 use mooncake_common::{
-    ClientId, CopyStartResponse, DrainJobRequest, DrainJobView, ErrorCode, GetReplicaListResponse,
-    MoveStartResponse, ObjectMeta, PingResponse, QueryTaskResponse, ReplicaDescriptor, ReplicaId,
-    ReplicaType, ReplicateConfig, Segment, SegmentId, SegmentStatus, TaskAssignment,
-    TaskCompleteRequest, TaskId,
+    ClientId, CopyStartResponse, DiskObject, DrainJobRequest, DrainJobView, ErrorCode,
+    GetReplicaListResponse, MoveStartResponse, ObjectMeta, OffloadOutcome, OffloadTask,
+    PingResponse, QueryTaskResponse, ReplicaDescriptor, ReplicaId, ReplicaType, ReplicateConfig,
+    Segment, SegmentId, SegmentStatus, TaskAssignment, TaskCompleteRequest, TaskId,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -224,6 +224,55 @@ methods! {
     /// became suspected now. Ours: upstream places on a dead node until its client TTL ends.
     53 ReportTransferFailure { client: ClientId, endpoint: String } -> u64,
         limits(s, l) { check_key(&s.endpoint, l) };
+    /// Mounts (or re-mounts) `client`'s local disk: readers ask `endpoint` (the node's disk
+    /// server, `host:port`) for its LOCAL_DISK objects. UNABLE_OFFLOAD on a master without
+    /// `enable_offload`.
+    60 MountLocalDisk { client: ClientId, endpoint: String, capacity_bytes: u64, used_bytes: u64 }
+        -> (),
+        limits(s, l) { check_key(&s.endpoint, l) };
+    /// Takes up to `max_tasks` of `client`'s offload tasks (and records its disk usage).
+    /// SEGMENT_NOT_FOUND when its disk is not mounted.
+    61 OffloadHeartbeat { client: ClientId, max_tasks: u64, used_bytes: u64 }
+        -> Vec<OffloadTask>,
+        limits(s, l) { Ok(()) };
+    /// The node's answer to each task it took: stored (a LOCAL_DISK replica is added) or not;
+    /// either way the task ends and its source replica is unpinned. One result per outcome.
+    62 NotifyOffload { client: ClientId, outcomes: Vec<OffloadOutcome> }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) {
+            check_len(s.outcomes.len(), l)?;
+            s.outcomes.iter().try_for_each(|o| check_key(&o.key, l))
+        };
+    /// Objects `client` holds on its disk (after a restart): each gets a LOCAL_DISK replica.
+    63 AdvertiseDiskObjects { client: ClientId, objects: Vec<DiskObject> }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) {
+            check_len(s.objects.len(), l)?;
+            s.objects.iter().try_for_each(|o| check_key(&o.key, l))
+        };
+    /// `client` evicted these objects from its disk: their LOCAL_DISK replicas go.
+    64 EvictDiskObjects { client: ClientId, objects: Vec<DiskObject> }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) {
+            check_len(s.objects.len(), l)?;
+            s.objects.iter().try_for_each(|o| check_key(&o.key, l))
+        };
+    /// Offload counters and disk usage of the cluster.
+    65 GetOffloadStats {} -> OffloadStatsReply,
+        limits(s, l) { Ok(()) };
+    /// Served by a store node's disk server, not the master: loads each key of `tenant` (of the
+    /// given size) from the node's disk into its staging memory and answers where to read it.
+    70 LoadDiskObjects { tenant: String, keys: Vec<String>, sizes: Vec<u64> } -> LoadedDiskObjects,
+        limits(s, l) {
+            check_keys(&s.keys, l)?;
+            if s.sizes.len() != s.keys.len() {
+                return Err(ErrorCode::INVALID_PARAMS);
+            }
+            Ok(())
+        };
+    /// Served by a store node's disk server: the reader is done with a load's staging memory.
+    71 ReleaseDiskObjects { batch_id: u64 } -> (),
+        limits(s, l) { Ok(()) };
     /// The owner of segment `segment_id` drains it before leaving: the segment goes DRAINING
     /// (no new allocations, reads go on) and every object on it not already being moved gets a
     /// move task to another OK segment, queued for the owner. Calling it again plans what is
@@ -245,6 +294,33 @@ methods! {
     /// Every drain job the master keeps, oldest first. Ours (`mooncake stat`).
     85 ListDrainJobs {} -> Vec<DrainJobView>,
         limits(s, l) { Ok(()) };
+}
+
+/// What `LoadDiskObjects` answers: the staging memory holding each loaded object, read with the
+/// transfer engine at `endpoint` until released (or until the lease of `lease_ms` runs out).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LoadedDiskObjects {
+    pub batch_id: u64,
+    /// The node's transfer endpoint.
+    pub endpoint: String,
+    pub lease_ms: u64,
+    /// Per key: the buffer address (segment id << 40 | offset) of its bytes, or why not.
+    pub addresses: Vec<Result<u64, ErrorCode>>,
+}
+
+/// What `GetOffloadStats` answers (see the master's `OffloadStats`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct OffloadStatsReply {
+    pub queued: u64,
+    pub stored: u64,
+    pub refused: u64,
+    pub dropped: u64,
+    pub in_flight: u64,
+    pub disk_evicted: u64,
+    pub advertised: u64,
+    pub disks: u64,
+    pub disk_capacity_bytes: u64,
+    pub disk_used_bytes: u64,
 }
 
 /// The token bytes `Authenticate` carries (postcard: a varint length, then the bytes). `Debug`

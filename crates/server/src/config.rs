@@ -316,13 +316,13 @@ master_flags! {
         "Deprecated alias of --snapshot_catalog_store_connstring";
 
     // ---- SSD offload and promotion (not built) --------------------------------------------------
-    enable_offload: bool = false, Master Bool, Status::Refused(OFFLOAD),
+    enable_offload: bool = false, Master Bool, HONOURED,
         "Enable offload availability";
-    offload_on_evict: bool = false, Master Bool, Status::Inert(OFFLOAD),
+    offload_on_evict: bool = false, Master Bool, HONOURED,
         "Defer LOCAL_DISK offload to eviction time instead of PutEnd";
     offload_force_evict: bool = false, Master Bool, Status::Inert(OFFLOAD),
         "Force-evict objects exceeding offload cap without disk offload";
-    offloading_queue_limit: u64 = 50000, Master UInt64, Status::Inert(OFFLOAD),
+    offloading_queue_limit: u64 = 50000, Master UInt64, HONOURED,
         "Maximum number of objects allowed in the offloading queue per local disk segment. Increase to allow more objects to be offloaded to SSD before force-eviction kicks in";
     offload_cap_ratio: f64 = 0.5, Master Double, Status::Inert(OFFLOAD),
         "Per-cycle offload cap as a fraction of offloading_queue_limit. Controls how many objects can be queued for offload in a single eviction cycle before falling back to force-evict";

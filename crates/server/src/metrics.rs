@@ -537,7 +537,8 @@ use UpstreamFamily::{Exported, NotBuilt};
 
 const NOF: &str = "NVMe-oF segments are not built";
 const DFS: &str = "the DFS/3FS storage backend is not built";
-const OFFLOAD: &str = "SSD offload and disk replicas are not built";
+const OFFLOAD: &str =
+    "upstream's disk-replica families are not exported (the disk tier counts in GetOffloadStats)";
 const PROMOTION: &str = "promotion on hit is not built";
 const HA: &str = "HA (op-log replication to a standby master) is not built";
 const QUERY_IP: &str = "BatchQueryIp is not served";

@@ -63,6 +63,9 @@ pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterSe
         eviction_ratio: config.eviction_ratio,
         eviction_high_watermark_ratio: config.eviction_high_watermark_ratio,
         put_start_evict_budget: config.put_start_evict_budget,
+        enable_offload: config.enable_offload,
+        offload_on_evict: config.offload_on_evict,
+        offloading_queue_limit: config.offloading_queue_limit,
     }
 }
 

@@ -447,6 +447,46 @@ impl Handler for MasterRpc {
                     dropped: done.dropped,
                 })
             }),
+            m::MountLocalDisk::ID => self.serve(body, out, |ms, r: &m::MountLocalDisk| {
+                ms.mount_local_disk(r.client, &r.endpoint, r.capacity_bytes, r.used_bytes)
+            }),
+            m::OffloadHeartbeat::ID => self.serve(body, out, |ms, r: &m::OffloadHeartbeat| {
+                let max = usize::try_from(r.max_tasks).unwrap_or(usize::MAX);
+                ms.offload_heartbeat(r.client, max, r.used_bytes)
+            }),
+            m::NotifyOffload::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::NotifyOffload| r.outcomes.len(),
+                |ms, r| Ok(ms.notify_offload(r.client, &r.outcomes)),
+            ),
+            m::AdvertiseDiskObjects::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::AdvertiseDiskObjects| r.objects.len(),
+                |ms, r| ms.advertise_disk_objects(r.client, &r.objects),
+            ),
+            m::EvictDiskObjects::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::EvictDiskObjects| r.objects.len(),
+                |ms, r| Ok(ms.evict_disk_objects(r.client, &r.objects)),
+            ),
+            m::GetOffloadStats::ID => self.serve(body, out, |ms, _: &m::GetOffloadStats| {
+                let s = ms.offload_stats();
+                Ok(m::OffloadStatsReply {
+                    queued: s.queued,
+                    stored: s.stored,
+                    refused: s.refused,
+                    dropped: s.dropped,
+                    in_flight: s.in_flight,
+                    disk_evicted: s.disk_evicted,
+                    advertised: s.advertised,
+                    disks: s.disks,
+                    disk_capacity_bytes: s.disk_capacity_bytes,
+                    disk_used_bytes: s.disk_used_bytes,
+                })
+            }),
             m::TakeSnapshot::ID => {
                 let snapshots = self.snapshots.clone();
                 self.serve(body, out, move |_, _: &m::TakeSnapshot| {

@@ -30,6 +30,9 @@
 
 pub mod addressing;
 mod buffers;
+pub mod disk;
+mod disk_node;
+mod disk_read;
 mod drain;
 mod endpoints;
 mod error;
@@ -43,6 +46,7 @@ mod tasks;
 mod verify;
 mod write;
 
+pub use disk::{DiskConfig, DiskStats, DiskTier};
 pub use drain::DrainReport;
 pub use error::StoreError;
 pub use mooncake_transfer::local_host_id;
@@ -114,6 +118,9 @@ pub struct StoreConfig {
     /// connection and keying this client's data-port capabilities. `None` (the default): the
     /// environment's (`MC_AUTH_TOKEN`, else the file `MC_AUTH_TOKEN_FILE`), if any.
     pub auth_token: Option<AuthToken>,
+    /// A local disk tier (`store/disk.rs`): objects are offloaded to it and read back from it
+    /// as LOCAL_DISK replicas. `None` (the default): memory only.
+    pub disk: Option<DiskConfig>,
 }
 
 impl Default for StoreConfig {
@@ -132,6 +139,7 @@ impl Default for StoreConfig {
             rpc: ClientConfig::default(),
             transfer: TransferConfig::default(),
             auth_token: None,
+            disk: None,
         }
     }
 }
@@ -193,6 +201,14 @@ struct Inner {
     finished_reads: Mutex<Vec<String>>,
     /// The master answered a pinned lookup `NOT_SUPPORTED` (it predates read pins).
     pins_unsupported: AtomicBool,
+    /// RPC settings for peers' disk servers (the master's, with the resolved token).
+    peer_rpc: ClientConfig,
+    /// This node's disk tier, its server and the endpoint the master hands to readers.
+    disk: Option<Arc<DiskTier>>,
+    disk_server: Mutex<Option<mooncake_rpc::RpcServer>>,
+    disk_endpoint: Mutex<String>,
+    /// Clients of other nodes' disk servers, by endpoint.
+    disk_peers: Mutex<std::collections::HashMap<String, Arc<MasterClient>>>,
     /// A task runner is fetching and running this client's tasks (`tasks.rs`).
     task_runner: AtomicBool,
 }
@@ -338,8 +354,12 @@ impl StoreClient {
         let engine = start_engine(transfer, &bind, config.auto_port_range.as_ref())?;
         let mut rpc = config.rpc.clone();
         rpc.auth_token = auth_token;
-        let master = MasterClient::new(master_addr, rpc);
+        let master = MasterClient::new(master_addr, rpc.clone());
         master.service_ready().await?;
+        let disk = match &config.disk {
+            Some(disk) => Some(Arc::new(DiskTier::open(disk.clone(), &engine)?)),
+            None => None,
+        };
         let inner = Arc::new(Inner {
             master,
             engine,
@@ -355,6 +375,11 @@ impl StoreClient {
             stats: StoreStats::default(),
             finished_reads: Mutex::new(Vec::new()),
             pins_unsupported: AtomicBool::new(false),
+            peer_rpc: rpc,
+            disk: disk.clone(),
+            disk_server: Mutex::new(None),
+            disk_endpoint: Mutex::new(String::new()),
+            disk_peers: Mutex::new(std::collections::HashMap::new()),
             task_runner: AtomicBool::new(false),
             config,
         });
@@ -366,6 +391,10 @@ impl StoreClient {
             client
                 .mount_segment(client.inner.config.global_segment_size)
                 .await?;
+        }
+        if let Some(disk) = disk {
+            let server = client.start_disk(disk).await?;
+            *client.inner.disk_server.lock() = Some(server);
         }
         let weak = Arc::downgrade(&client.inner);
         let period = client.inner.config.heartbeat_interval;
@@ -400,6 +429,16 @@ impl StoreClient {
     /// Heartbeat and fallback counters.
     pub fn stats(&self) -> &StoreStats {
         &self.inner.stats
+    }
+
+    /// This node's disk tier, if it has one.
+    pub fn disk(&self) -> Option<&Arc<DiskTier>> {
+        self.inner.disk.as_ref()
+    }
+
+    /// The endpoint of this node's disk server (empty without a disk).
+    pub fn disk_endpoint(&self) -> String {
+        self.inner.disk_endpoint.lock().clone()
     }
 
     /// How often a call to the master read its answer from the socket on the calling thread
@@ -486,6 +525,17 @@ impl StoreClient {
                 first_error.get_or_insert(StoreError::from(error));
             }
             let _ = self.inner.engine.unregister(mounted.memory.id());
+        }
+        let server = self.inner.disk_server.lock().take();
+        if let Some(server) = server {
+            server.shutdown().await;
+        }
+        if let Some(disk) = &self.inner.disk {
+            if let Err(error) = disk.backend().close() {
+                first_error.get_or_insert(StoreError::InvalidParams(format!(
+                    "closing the disk: {error}"
+                )));
+            }
         }
         self.inner.engine.shutdown();
         first_error.map_or(Ok(()), Err)

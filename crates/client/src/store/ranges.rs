@@ -108,7 +108,7 @@ impl StoreClient {
     ) -> Vec<Result<u64, StoreError>> {
         let mut results: Vec<Option<Result<u64, StoreError>>> = Vec::new();
         results.resize_with(fragments.len(), || None);
-        let mut plan: Vec<PlannedRead> = Vec::new();
+        let mut plan: Vec<PlannedRead<'_>> = Vec::new();
         for (tag, fragment) in fragments.iter_mut().enumerate() {
             let checked = located
                 .get(fragment.key)
@@ -142,6 +142,8 @@ impl StoreClient {
                 fragment.dst.as_mut_ptr() as usize,
                 fragment.dst.len(),
                 replica,
+                // Ranged reads of LOCAL_DISK replicas are not served: no key, a clean miss.
+                "",
             ));
         }
         let mut first = self.read_planned(&plan).await;
@@ -207,6 +209,7 @@ impl StoreClient {
                 dst.as_mut_ptr() as usize,
                 dst.len(),
                 shifted(&replicas[i], offset),
+                "",
             )];
             match self.read_planned(&plan).await.remove(&0) {
                 Some(Ok(_)) => return Ok(()),

@@ -22,8 +22,9 @@ use super::{checksum_of, StoreClient, StoreError};
 /// to read it from.
 type PendingRead = (Vec<u8>, usize, GetReplicaListResponse);
 
-/// One read of a batch: `(tag, destination address, length, replica)`.
-pub(super) type PlannedRead = (usize, usize, usize, ReplicaDescriptor);
+/// One read of a batch: `(tag, destination address, length, replica, key)` (the key names the
+/// object at a LOCAL_DISK replica's node).
+pub(super) type PlannedRead<'k> = (usize, usize, usize, ReplicaDescriptor, &'k str);
 
 impl StoreClient {
     /// Reads the object stored under `key`.
@@ -51,7 +52,7 @@ impl StoreClient {
         // No zero fill: the transfer writes every byte, and the length is set only after it did.
         let mut out: Vec<u8> = Vec::with_capacity(len);
         let crc = self
-            .read_with_fallback(response, out.as_mut_ptr() as usize, len, 0)
+            .read_with_fallback(key, response, out.as_mut_ptr() as usize, len, 0)
             .await?;
         // SAFETY: the read succeeded, so the engine wrote all `len` bytes of the capacity.
         unsafe { out.set_len(len) };
@@ -123,7 +124,7 @@ impl StoreClient {
         let first = self
             .read_first(buffers.iter_mut().enumerate().filter_map(|(i, entry)| {
                 let (buf, len, response) = entry.as_mut().ok()?;
-                Some((i, buf.as_mut_ptr() as usize, *len, &*response))
+                Some((i, buf.as_mut_ptr() as usize, *len, &*response, keys[i]))
             }))
             .await;
         let mut results = Vec::with_capacity(keys.len());
@@ -134,7 +135,7 @@ impl StoreClient {
                 Ok((mut buf, len, response)) => {
                     let addr = buf.as_mut_ptr() as usize;
                     let read = self
-                        .after_first_read(first.get(&i), &response, addr, len)
+                        .after_first_read(key, first.get(&i), &response, addr, len)
                         .await;
                     read.and_then(|crc| {
                         // SAFETY: the read succeeded, so the engine wrote all `len` bytes.
@@ -224,7 +225,13 @@ impl StoreClient {
                     .filter_map(|(i, (entry, buffer))| {
                         let (size, response) = entry.as_ref().ok()?;
                         let buffer = buffer.as_mut()?;
-                        Some((i, buffer.as_mut_ptr() as usize, *size as usize, response))
+                        Some((
+                            i,
+                            buffer.as_mut_ptr() as usize,
+                            *size as usize,
+                            response,
+                            keys[i],
+                        ))
                     }),
             )
             .await;
@@ -251,7 +258,7 @@ impl StoreClient {
                     }
                     let addr = out.as_mut_ptr() as usize;
                     let read = self
-                        .after_first_read(first.get(&i), &response, addr, out.len())
+                        .after_first_read(key, first.get(&i), &response, addr, out.len())
                         .await;
                     read.and_then(|crc| self.check_read(key, &response, asked, out, crc))
                         .map(|()| size)
@@ -278,11 +285,13 @@ impl StoreClient {
     }
 
     /// How close a replica is to this client (`me`): 0 this process (memcpy), 1 this host (shared
-    /// memory), 2 remote (TCP), 3 an endpoint that does not parse; `None` for a kind this client
-    /// does not read (only memory replicas are read today).
+    /// memory), 2 remote (TCP), 3 an endpoint that does not parse, 4 a LOCAL_DISK replica (read
+    /// through its node, `disk_read.rs`); `None` for a kind this client does not read.
     fn replica_rank(&self, replica: &ReplicaDescriptor, me: &Endpoint) -> Option<u8> {
-        let ReplicaKind::Memory(memory) = &replica.kind else {
-            return None;
+        let memory = match &replica.kind {
+            ReplicaKind::Memory(memory) => memory,
+            ReplicaKind::LocalDisk(_) => return Some(4),
+            _ => return None,
         };
         Some(match self.endpoint_of(&memory.transport_endpoint) {
             Ok(ep) if ep.instance_id() == me.instance_id() => 0,
@@ -340,12 +349,12 @@ impl StoreClient {
     /// preferred replica, all in one transfer batch (see `read_planned`).
     async fn read_first<'r>(
         &self,
-        targets: impl Iterator<Item = (usize, usize, usize, &'r GetReplicaListResponse)>,
+        targets: impl Iterator<Item = (usize, usize, usize, &'r GetReplicaListResponse, &'r str)>,
     ) -> HashMap<usize, Result<Option<u32>, StoreError>> {
         let mut plan = Vec::new();
-        for (tag, addr, len, response) in targets {
+        for (tag, addr, len, response, key) in targets {
             if let Some(&first) = self.replica_order(&response.replicas).first() {
-                plan.push((tag, addr, len, response.replicas[first].clone()));
+                plan.push((tag, addr, len, response.replicas[first].clone(), key));
             }
         }
         self.read_planned(&plan).await
@@ -356,6 +365,7 @@ impl StoreClient {
     /// replicas; when there are none, the first attempt's error (not a bare "no replica").
     async fn after_first_read(
         &self,
+        key: &str,
         first: Option<&Result<Option<u32>, StoreError>>,
         response: &GetReplicaListResponse,
         addr: usize,
@@ -368,7 +378,7 @@ impl StoreClient {
             .stats
             .replica_fallbacks
             .fetch_add(1, Ordering::Relaxed);
-        match self.read_with_fallback(response, addr, len, 1).await {
+        match self.read_with_fallback(key, response, addr, len, 1).await {
             Err(StoreError::NoReadableReplica { .. }) if first.is_some_and(|r| r.is_err()) => {
                 match first {
                     Some(Err(error)) => Err(error.clone()),
@@ -387,7 +397,7 @@ impl StoreClient {
         out: &mut [u8],
     ) -> Result<(), StoreError> {
         let crc = self
-            .read_with_fallback(response, out.as_mut_ptr() as usize, out.len(), 0)
+            .read_with_fallback(key, response, out.as_mut_ptr() as usize, out.len(), 0)
             .await?;
         self.check_read(key, response, asked, out, crc)
     }
@@ -399,6 +409,7 @@ impl StoreClient {
     /// was written). Returns the bytes' CRC32C when checksums are verified (see `read_planned`).
     async fn read_with_fallback(
         &self,
+        key: &str,
         response: &GetReplicaListResponse,
         addr: usize,
         len: usize,
@@ -407,7 +418,7 @@ impl StoreClient {
         let order = self.replica_order(&response.replicas);
         let mut last_error = None;
         for &i in order.iter().skip(skip) {
-            let plan = [(0usize, addr, len, response.replicas[i].clone())];
+            let plan = [(0usize, addr, len, response.replicas[i].clone(), key)];
             match self.read_planned(&plan).await.remove(&0) {
                 Some(Ok(crc)) => return Ok(crc),
                 Some(Err(error)) => {
@@ -426,22 +437,43 @@ impl StoreClient {
     /// Reads each `(tag, destination address, length, replica)` in one transfer batch.
     pub(super) async fn read_planned(
         &self,
-        plan: &[PlannedRead],
+        plan: &[PlannedRead<'_>],
     ) -> HashMap<usize, Result<Option<u32>, StoreError>> {
         let mut results = HashMap::new();
-        let pins = match self.pin_all(plan.iter().map(|(_, addr, len, _)| (*addr, *len))) {
+        let mut staged = if plan
+            .iter()
+            .any(|(.., r, _)| matches!(r.kind, ReplicaKind::LocalDisk(_)))
+        {
+            self.stage_disk_reads(plan).await
+        } else {
+            Default::default()
+        };
+        let pins = match self.pin_all(plan.iter().map(|(_, addr, len, ..)| (*addr, *len))) {
             Ok(pins) => pins,
             Err(error) => {
                 for (tag, ..) in plan {
                     results.insert(*tag, Err(error.clone()));
                 }
+                self.release_disk_loads(staged.loads);
                 return results;
             }
         };
         let mut requests = Vec::new();
         let mut tags = Vec::new();
-        for (tag, addr, len, replica) in plan {
-            match self.read_request(replica, *addr, *len) {
+        let mut deadlines = HashMap::new();
+        for (tag, addr, len, replica, _) in plan {
+            let replica = match staged.by_tag.remove(tag) {
+                Some(Ok((memory, deadline))) => {
+                    deadlines.insert(*tag, deadline);
+                    std::borrow::Cow::Owned(memory)
+                }
+                Some(Err(error)) => {
+                    results.insert(*tag, Err(error));
+                    continue;
+                }
+                None => std::borrow::Cow::Borrowed(replica),
+            };
+            match self.read_request(&replica, *addr, *len) {
                 Ok(request) => {
                     requests.push(request);
                     tags.push(*tag);
@@ -454,9 +486,19 @@ impl StoreClient {
         let batch = self.inner.engine.submit(&requests);
         let done = batch.wait_async().await;
         drop(pins);
+        let finished = Instant::now();
+        self.release_disk_loads(staged.loads);
         for (index, (tag, result)) in tags.into_iter().zip(done).enumerate() {
             let read = result.map(|()| batch.checksum(index));
-            results.insert(tag, read.map_err(StoreError::from));
+            let read = match deadlines.get(&tag) {
+                // The node may reuse the staging memory after the lease: the bytes are suspect.
+                Some(deadline) if finished > *deadline => Err(StoreError::LeaseExpired {
+                    elapsed_ms: 0,
+                    lease_ms: 0,
+                }),
+                _ => read.map_err(StoreError::from),
+            };
+            results.insert(tag, read);
         }
         results
     }

@@ -202,7 +202,8 @@ impl StoreClient {
             return Ok(());
         }
         let mut bytes = vec![0u8; len];
-        let plan = [(0usize, bytes.as_mut_ptr() as usize, len, source.clone())];
+        // A memory source: no key is needed to read it.
+        let plan = [(0usize, bytes.as_mut_ptr() as usize, len, source.clone(), "")];
         self.read_planned(&plan)
             .await
             .remove(&0)

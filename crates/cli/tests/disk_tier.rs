@@ -1,0 +1,338 @@
+//! The local disk tier through the real binaries: a `mooncake master --enable_offload`, a
+//! `mooncake store --disk-dir …` node, and this test process as the client. Shown: objects put
+//! beyond memory are offloaded, evicted from memory and read back byte-exact from the node's
+//! disk; every offload task ends in one answer and the pins go back to zero; a record whose bytes
+//! were flipped on disk is a clean miss, never wrong bytes; a node SIGKILLed and restarted on the
+//! same directory serves its disk objects again; a second process is refused the directory; bad
+//! disk flags are refused. Every wait is a bounded poll.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod common;
+
+use common::{pattern, MasterProcess, StoreNode};
+use mooncake_client::{StoreClient, StoreConfig};
+use mooncake_common::{ReplicaKind, ReplicateConfig};
+use mooncake_proto::methods as m;
+use std::path::Path;
+use std::process::{Command, Stdio};
+use std::sync::atomic::Ordering;
+use std::time::{Duration, Instant};
+
+const BIN: &str = env!("CARGO_BIN_EXE_mooncake");
+const VALUE_BYTES: usize = 1 << 20;
+/// Memory of the node: a third of what the tests put.
+const SEGMENT: &str = "8MiB";
+const OBJECTS: usize = 24;
+
+async fn client(master: &MasterProcess) -> StoreClient {
+    StoreClient::connect(StoreConfig {
+        master_addr: master.rpc.to_string(),
+        global_segment_size: 0,
+        auto_port_range: None,
+        ..StoreConfig::default()
+    })
+    .await
+    .expect("connect")
+}
+
+fn disk_node(master: &MasterProcess, dir: &Path) -> StoreNode {
+    StoreNode::start(
+        &master.rpc.to_string(),
+        SEGMENT,
+        &[
+            "--disk-dir",
+            dir.to_str().unwrap(),
+            "--disk-capacity",
+            "256MiB",
+        ],
+    )
+}
+
+async fn offload_stats(c: &StoreClient) -> m::OffloadStatsReply {
+    c.master().call(&m::GetOffloadStats {}).await.unwrap()
+}
+
+/// Polls (at most 60 s) until no offload task is in flight.
+async fn settle(c: &StoreClient) -> m::OffloadStatsReply {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let s = offload_stats(c).await;
+        if s.in_flight == 0 {
+            return s;
+        }
+        assert!(Instant::now() < deadline, "offload never settled: {s:?}");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// Puts `OBJECTS` values of `VALUE_BYTES` (3× the node's memory), letting offload catch up after
+/// each.
+async fn put_all(c: &StoreClient) {
+    let one = ReplicateConfig::default();
+    for i in 0..OBJECTS {
+        let key = format!("obj/{i}");
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            match c.put(&key, &pattern(VALUE_BYTES, i as u64 + 1), &one).await {
+                Ok(_) => break,
+                Err(error) => {
+                    // Memory is full of replicas still pinned by their offload: wait for it.
+                    assert!(Instant::now() < deadline, "put {key} kept failing: {error}");
+                    tokio::time::sleep(Duration::from_millis(20)).await;
+                }
+            }
+        }
+        settle(c).await;
+    }
+}
+
+/// Keys whose only replicas are on disk.
+async fn disk_only(c: &StoreClient) -> Vec<usize> {
+    let mut out = Vec::new();
+    for i in 0..OBJECTS {
+        let request = m::GetReplicaList {
+            key: format!("obj/{i}"),
+            tenant: String::new(),
+        };
+        if let Ok(r) = c.master().call(&request).await {
+            if r.replicas
+                .iter()
+                .all(|r| matches!(r.kind, ReplicaKind::LocalDisk(_)))
+            {
+                out.push(i);
+            }
+        }
+    }
+    out
+}
+
+/// Polls (at most 60 s) until `n` objects are disk-only.
+async fn wait_disk_only(c: &StoreClient, n: usize) -> Vec<usize> {
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let keys = disk_only(c).await;
+        if keys.len() >= n {
+            return keys;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "only {} disk-only objects",
+            keys.len()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn objects_beyond_memory_read_back_from_disk() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let on_disk = wait_disk_only(&c, OBJECTS / 2).await;
+    let reads_before = c.stats().offload_rpc_reads.load(Ordering::Relaxed);
+    for i in 0..OBJECTS {
+        let got = c.get(&format!("obj/{i}")).await.expect("read back");
+        assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+    }
+    let disk_reads = c.stats().offload_rpc_reads.load(Ordering::Relaxed) - reads_before;
+    assert!(
+        disk_reads >= on_disk.len() as u64,
+        "{disk_reads} disk reads for {} disk-only objects",
+        on_disk.len()
+    );
+    // A batch read of disk-only objects: one request per node.
+    let keys: Vec<String> = on_disk.iter().map(|i| format!("obj/{i}")).collect();
+    let refs: Vec<&str> = keys.iter().map(String::as_str).collect();
+    for (i, got) in on_disk.iter().zip(c.get_batch(&refs).await) {
+        assert!(got.unwrap() == pattern(VALUE_BYTES, *i as u64 + 1));
+    }
+    // Every task ended in exactly one answer; no pin is left.
+    let s = settle(&c).await;
+    assert_eq!(s.queued, s.stored + s.refused + s.dropped, "{s:?}");
+    assert_eq!(s.stored as usize, OBJECTS, "{s:?}");
+    assert_eq!(s.disks, 1);
+    c.close().await.unwrap();
+}
+
+/// The byte offset of `needle` in the file at `path`.
+fn find_in(path: &Path, needle: &[u8]) -> Option<usize> {
+    let bytes = std::fs::read(path).ok()?;
+    bytes.windows(needle.len()).position(|w| w == needle)
+}
+
+/// Flips one byte in the middle of the value `value` wherever the backend under `dir` stored it.
+fn corrupt(dir: &Path, value: &[u8]) -> bool {
+    let mut stack = vec![dir.to_path_buf()];
+    while let Some(d) = stack.pop() {
+        for entry in std::fs::read_dir(&d).unwrap().flatten() {
+            let path = entry.path();
+            if path.is_dir() {
+                stack.push(path);
+                continue;
+            }
+            if let Some(at) = find_in(&path, &value[..4096]) {
+                use std::io::{Read, Seek, SeekFrom, Write};
+                let mut f = std::fs::OpenOptions::new()
+                    .read(true)
+                    .write(true)
+                    .open(&path)
+                    .unwrap();
+                let target = (at + value.len() / 2) as u64;
+                let mut b = [0u8; 1];
+                f.seek(SeekFrom::Start(target)).unwrap();
+                f.read_exact(&mut b).unwrap();
+                f.seek(SeekFrom::Start(target)).unwrap();
+                f.write_all(&[b[0] ^ 0x5a]).unwrap();
+                f.sync_all().unwrap();
+                return true;
+            }
+        }
+    }
+    false
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flipped_byte_on_disk_is_a_clean_miss() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let on_disk = wait_disk_only(&c, 2).await;
+    let victim = on_disk[0];
+    let value = pattern(VALUE_BYTES, victim as u64 + 1);
+    assert!(corrupt(dir.path(), &value), "value not found on disk");
+    for _ in 0..2 {
+        match c.get(&format!("obj/{victim}")).await {
+            Ok(bytes) => panic!("a corrupt record was served ({} bytes)", bytes.len()),
+            Err(error) => eprintln!("corrupt record: {error}"),
+        }
+    }
+    let other = on_disk[1];
+    let got = c.get(&format!("obj/{other}")).await.expect("other object");
+    assert!(got == pattern(VALUE_BYTES, other as u64 + 1));
+    c.close().await.unwrap();
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_node_restarted_on_its_dir_serves_its_disk_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true", "--client_ttl=2"]);
+    let node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    wait_disk_only(&c, OBJECTS / 2).await;
+    node.kill();
+    let _node = disk_node(&master, dir.path());
+    // Once the dead node expired, every object lives on the restarted node's disk.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut ok = 0;
+        for i in 0..OBJECTS {
+            if let Ok(got) = c.get(&format!("obj/{i}")).await {
+                assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+                ok += 1;
+            }
+        }
+        if ok == OBJECTS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ok} of {OBJECTS} readable after restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(offload_stats(&c).await.advertised >= OBJECTS as u64);
+    c.close().await.unwrap();
+}
+
+/// Runs `mooncake store` with `extra` and returns (exit code, stderr) once it exits (at most
+/// 30 s).
+fn store_refused(master: &MasterProcess, extra: &[&str]) -> (Option<i32>, String) {
+    let out = Command::new(BIN)
+        .args([
+            "store",
+            "--master",
+            &master.rpc.to_string(),
+            "--segment-size",
+            SEGMENT,
+        ])
+        .args(extra)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let pid = out.id();
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let mut child = out;
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            let mut err = String::new();
+            use std::io::Read;
+            child
+                .stderr
+                .take()
+                .unwrap()
+                .read_to_string(&mut err)
+                .unwrap();
+            return (status.code(), err);
+        }
+        if Instant::now() > deadline {
+            unsafe { libc::kill(pid as i32, libc::SIGKILL) };
+            let _ = child.wait();
+            panic!("mooncake store {extra:?} did not exit");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+}
+
+#[test]
+fn a_disk_dir_has_one_owner_and_bad_flags_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _owner = disk_node(&master, dir.path());
+    let d = dir.path().to_str().unwrap();
+    let (code, err) = store_refused(&master, &["--disk-dir", d, "--disk-capacity", "64MiB"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("in use by another process"), "{err}");
+    let (code, err) = store_refused(&master, &["--disk-dir", d, "--disk-capacity", "0"]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("capacity"), "{err}");
+    let (code, err) = store_refused(&master, &["--disk-dir", d]);
+    assert_ne!(code, Some(0));
+    assert!(err.contains("--disk-capacity"), "{err}");
+    let file = dir.path().join("plain-file");
+    std::fs::write(&file, b"x").unwrap();
+    let (code, err) = store_refused(
+        &master,
+        &[
+            "--disk-dir",
+            file.to_str().unwrap(),
+            "--disk-capacity",
+            "64MiB",
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(err.contains("not a directory"), "{err}");
+    // A master without --enable_offload refuses the disk.
+    let plain = MasterProcess::start(&[]);
+    let other = tempfile::tempdir().unwrap();
+    let (code, err) = store_refused(
+        &plain,
+        &[
+            "--disk-dir",
+            other.path().to_str().unwrap(),
+            "--disk-capacity",
+            "64MiB",
+        ],
+    );
+    assert_ne!(code, Some(0));
+    assert!(
+        err.contains("UNABLE_OFFLOAD") || err.contains("offload"),
+        "{err}"
+    );
+}

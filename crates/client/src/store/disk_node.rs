@@ -1,0 +1,267 @@
+//! The node side of the disk tier, around [`DiskTier`]: the disk server readers call (methods
+//! 70–71, docs/wire.md), mounting the disk at the master and advertising what it holds, the
+//! offload heartbeat, and telling the master about disk evictions before their space is reused.
+
+use std::sync::atomic::Ordering;
+use std::sync::{Arc, Weak};
+
+use bytes::BytesMut;
+use mooncake_common::disk::split_storage_key;
+use mooncake_common::{storage_key, DiskObject, ErrorCode};
+use mooncake_proto::methods::{self as m, Method};
+use mooncake_proto::{decode, encode_into, Limits, Reply};
+use mooncake_rpc::{Handler, HandlerError, RpcServer, ServerConfig};
+
+use super::disk::DiskTier;
+use super::{Inner, StoreClient, StoreError};
+use crate::master_client::MasterError;
+
+/// Objects per AdvertiseDiskObjects call (upstream's scan batch is 20 000 keys; a smaller batch
+/// keeps each call well under the frame limit with long keys).
+const ADVERTISE_BATCH: usize = 1000;
+
+/// Serves LoadDiskObjects and ReleaseDiskObjects over a node's disk.
+#[derive(Debug)]
+pub(super) struct DiskServer {
+    disk: Arc<DiskTier>,
+    endpoint: String,
+    limits: Limits,
+}
+
+impl DiskServer {
+    fn serve<M: Method>(
+        &self,
+        body: &[u8],
+        out: &mut BytesMut,
+        op: impl FnOnce(&M) -> Reply<M>,
+    ) -> Result<(), HandlerError> {
+        let request: M =
+            decode(body).map_err(|e| HandlerError::new(e.code(), format!("{}: {e}", M::NAME)))?;
+        let reply = match request.check_limits(&self.limits) {
+            Ok(()) => op(&request),
+            Err(code) => Err(code),
+        };
+        encode_into(&reply, out).map_err(|e| HandlerError::new(e.code(), e.to_string()))
+    }
+}
+
+impl Handler for DiskServer {
+    fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        match method {
+            m::LoadDiskObjects::ID => self.serve(body, out, |r: &m::LoadDiskObjects| {
+                let keys: Vec<String> = r.keys.iter().map(|k| storage_key(&r.tenant, k)).collect();
+                let (batch_id, addresses) = self.disk.load(&keys, &r.sizes);
+                Ok(m::LoadedDiskObjects {
+                    batch_id,
+                    endpoint: self.endpoint.clone(),
+                    lease_ms: self.disk.lease().as_millis() as u64,
+                    addresses,
+                })
+            }),
+            m::ReleaseDiskObjects::ID => self.serve(body, out, |r: &m::ReleaseDiskObjects| {
+                self.disk.release(r.batch_id);
+                Ok(())
+            }),
+            other => Err(HandlerError::new(
+                ErrorCode::NOT_SUPPORTED,
+                format!("method {other} is not served by a store node's disk server"),
+            )),
+        }
+    }
+}
+
+fn master_code(result: Result<(), MasterError>) -> Result<(), StoreError> {
+    result.map_err(StoreError::from)
+}
+
+impl StoreClient {
+    /// Starts the disk server on this client's host (port 0), mounts the disk at the master,
+    /// advertises what it holds, installs the eviction listener and starts the offload heartbeat.
+    pub(super) async fn start_disk(&self, disk: Arc<DiskTier>) -> Result<RpcServer, StoreError> {
+        let host = super::transfer_bind(&self.inner.config.local_hostname)?;
+        let mut addr = host.addr;
+        addr.set_port(0);
+        let server_config = ServerConfig {
+            auth_token: self.inner.peer_rpc.auth_token.clone(),
+            ..ServerConfig::default()
+        };
+        let handler = Arc::new(DiskServer {
+            disk: disk.clone(),
+            endpoint: self.endpoint(),
+            limits: Limits::default(),
+        });
+        let server = RpcServer::bind(addr, handler, server_config)
+            .await
+            .map_err(|e| {
+                StoreError::InvalidParams(format!("disk server: cannot bind {addr}: {e}"))
+            })?;
+        let advertised_host = host.advertise.unwrap_or_else(|| addr.ip().to_string());
+        let endpoint = format!("{advertised_host}:{}", server.local_addr().port());
+        *self.inner.disk_endpoint.lock() = endpoint;
+        self.mount_disk().await?;
+        let weak = Arc::downgrade(&self.inner);
+        let runtime = tokio::runtime::Handle::current();
+        disk.backend()
+            .set_eviction_listener(Box::new(move |keys| evicted(&weak, &runtime, keys)));
+        let weak = Arc::downgrade(&self.inner);
+        tokio::spawn(offload_loop(weak));
+        Ok(server)
+    }
+
+    /// MountLocalDisk, then AdvertiseDiskObjects for every object the backend holds.
+    async fn mount_disk(&self) -> Result<(), StoreError> {
+        let Some(disk) = self.inner.disk.clone() else {
+            return Ok(());
+        };
+        let usage = disk.backend().usage();
+        let endpoint = self.inner.disk_endpoint.lock().clone();
+        master_code(
+            self.inner
+                .master
+                .call(&m::MountLocalDisk {
+                    client: self.client_id(),
+                    endpoint,
+                    capacity_bytes: usage.capacity_bytes,
+                    used_bytes: usage.used_bytes,
+                })
+                .await,
+        )?;
+        let objects: Vec<DiskObject> = disk
+            .backend()
+            .scan()
+            .into_iter()
+            .filter_map(|o| {
+                let (tenant, key) = split_storage_key(&o.key)?;
+                Some(DiskObject {
+                    tenant: tenant.to_string(),
+                    key: key.to_string(),
+                    size: o.size_bytes,
+                })
+            })
+            .collect();
+        for chunk in objects.chunks(ADVERTISE_BATCH) {
+            let results = self
+                .inner
+                .master
+                .call(&m::AdvertiseDiskObjects {
+                    client: self.client_id(),
+                    objects: chunk.to_vec(),
+                })
+                .await?;
+            let refused = results.iter().filter(|r| r.is_err()).count();
+            if refused > 0 {
+                tracing::info!(
+                    refused,
+                    "disk objects the master did not take (another value, or a bad tenant)"
+                );
+            }
+        }
+        Ok(())
+    }
+}
+
+/// The backend evicted `keys`: tell the master before their space is reused (the listener runs
+/// on the blocking thread that called `put_batch`, never on a runtime worker).
+fn evicted(inner: &Weak<Inner>, runtime: &tokio::runtime::Handle, keys: &[String]) {
+    let Some(inner) = inner.upgrade() else { return };
+    let objects: Vec<DiskObject> = keys
+        .iter()
+        .filter_map(|k| {
+            let (tenant, key) = split_storage_key(k)?;
+            Some(DiskObject {
+                tenant: tenant.to_string(),
+                key: key.to_string(),
+                size: 0,
+            })
+        })
+        .collect();
+    if let Some(disk) = &inner.disk {
+        disk.stats()
+            .evicted
+            .fetch_add(keys.len() as u64, Ordering::Relaxed);
+    }
+    let request = m::EvictDiskObjects {
+        client: inner.client_id,
+        objects,
+    };
+    if let Err(error) = runtime.block_on(inner.master.call(&request)) {
+        // A reader the master still sends here gets OBJECT_NOT_FOUND: a clean miss.
+        tracing::warn!(%error, "could not tell the master about evicted disk objects");
+    }
+}
+
+/// The offload heartbeat: take tasks, write them, answer them; at once again while tasks come,
+/// else after `offload_interval`. Re-mounts the disk when the master lost it.
+async fn offload_loop(inner: Weak<Inner>) {
+    loop {
+        let Some(strong) = inner.upgrade() else {
+            return;
+        };
+        if strong.closed.load(Ordering::Acquire) {
+            return;
+        }
+        let client = StoreClient {
+            inner: strong,
+            heartbeat: Default::default(),
+        };
+        let Some(disk) = client.inner.disk.clone() else {
+            return;
+        };
+        let interval = disk.config().offload_interval;
+        let busy = match client.offload_once(&disk).await {
+            Ok(n) => n as u64 >= disk.config().offload_batch,
+            Err(StoreError::Master(MasterError::Master(ErrorCode::SEGMENT_NOT_FOUND))) => {
+                if let Err(error) = client.mount_disk().await {
+                    tracing::warn!(%error, "re-mounting the disk failed");
+                }
+                false
+            }
+            Err(error) => {
+                tracing::debug!(%error, "offload heartbeat failed");
+                false
+            }
+        };
+        drop(client);
+        if !busy {
+            tokio::time::sleep(interval).await;
+        }
+    }
+}
+
+impl StoreClient {
+    /// One offload step; returns how many tasks it handled.
+    async fn offload_once(&self, disk: &Arc<DiskTier>) -> Result<usize, StoreError> {
+        let tasks = self
+            .inner
+            .master
+            .call(&m::OffloadHeartbeat {
+                client: self.client_id(),
+                max_tasks: disk.config().offload_batch,
+                used_bytes: disk.backend().usage().used_bytes,
+            })
+            .await?;
+        if tasks.is_empty() {
+            return Ok(0);
+        }
+        let segments: Vec<_> = self
+            .inner
+            .segments
+            .lock()
+            .iter()
+            .map(|s| s.memory.clone())
+            .collect();
+        let writer = disk.clone();
+        let n = tasks.len();
+        let outcomes = tokio::task::spawn_blocking(move || writer.offload(&tasks, &segments))
+            .await
+            .map_err(|e| StoreError::InvalidParams(format!("offload worker: {e}")))?;
+        self.inner
+            .master
+            .call(&m::NotifyOffload {
+                client: self.client_id(),
+                outcomes,
+            })
+            .await?;
+        Ok(n)
+    }
+}
