@@ -2,13 +2,14 @@
 //! a peer measured in the same run (the TCP ping-pong floor, iperf3, memcpy, raw file I/O).
 //!
 //! Contract with the binary: several benchmarks start their peer processes by running the current
-//! executable again, as `EXE master …` (a master child), `EXE bench store-peer …`,
+//! executable again, as `EXE master …` (a master child), `EXE bench store-peer …`, `EXE bench scaling-worker …`,
 //! `EXE bench pingpong-serve …` and `EXE bench transfer --serve-bytes …`. The binary that calls
 //! [`run`] must therefore be `mooncake`, routing `bench` to [`BenchCommand`] and `master` to the
 //! master process, as `crates/cli` does.
 
 mod master;
 pub mod pingpong;
+pub mod scaling;
 mod snapshot;
 mod storage;
 pub mod store;
@@ -30,6 +31,13 @@ pub enum BenchCommand {
     /// Store client: upstream_bench.py's cases against a master child, next to the ping-pong
     /// floor (also what plain `mooncake bench` runs).
     Store(store::Args),
+    /// P client processes (P = 1, 2, 4, 8) against one master: calls/s, p50/p99, master and
+    /// client CPU of is_exist, batch_is_exist and 4 KiB get, next to a blocking and a spinning
+    /// ping-pong floor.
+    Scaling(scaling::Args),
+    /// A client process of the scaling benchmark (started by `bench scaling`).
+    #[command(hide = true)]
+    ScalingWorker(scaling::WorkerArgs),
     /// Client B of the store benchmark's cross-process cases (started by `bench store`).
     #[command(hide = true)]
     StorePeer(store::PeerArgs),
@@ -57,6 +65,8 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Snapshot(args) => snapshot::run(args),
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::StorePeer(args) => store::run_peer(args),
+        BenchCommand::Scaling(args) => scaling::run(args),
+        BenchCommand::ScalingWorker(args) => scaling::run_worker(args),
         BenchCommand::Pingpong { spin, iterations } => {
             let latency = pingpong::measure(spin, iterations)?;
             let mode = if spin { "spinning" } else { "blocking" };
@@ -72,6 +82,18 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         }
         BenchCommand::PingpongServe { spin } => pingpong::serve(spin),
     }
+}
+
+/// utime + stime of process `pid`, in seconds (`None` once it is gone).
+pub(crate) fn proc_cpu_seconds(pid: u32) -> Option<f64> {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).ok()?;
+    let after_name = stat.rsplit_once(')')?.1;
+    let fields: Vec<&str> = after_name.split_whitespace().collect();
+    let utime: f64 = fields.get(11)?.parse().ok()?;
+    let stime: f64 = fields.get(12)?.parse().ok()?;
+    // SAFETY: sysconf has no memory-safety preconditions.
+    let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
+    Some((utime + stime) / ticks.max(1.0))
 }
 
 /// Parses a size flag with units (`4KiB`, `1MiB`, plain bytes).

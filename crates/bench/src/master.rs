@@ -71,14 +71,7 @@ impl MasterChild {
 
     /// utime + stime of the master, in seconds.
     fn cpu_seconds(&self) -> Option<f64> {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.child.id())).ok()?;
-        let after_name = stat.rsplit_once(')')?.1;
-        let fields: Vec<&str> = after_name.split_whitespace().collect();
-        let utime: f64 = fields.get(11)?.parse().ok()?;
-        let stime: f64 = fields.get(12)?.parse().ok()?;
-        // SAFETY: sysconf has no memory-safety preconditions.
-        let ticks = unsafe { libc::sysconf(libc::_SC_CLK_TCK) } as f64;
-        Some((utime + stime) / ticks.max(1.0))
+        crate::proc_cpu_seconds(self.child.id())
     }
 }
 

@@ -177,22 +177,7 @@ async fn put_objects(c: &StoreClient, prefix: &str, n: usize) -> Vec<(String, Ve
 
 /// Polls (at most 30 s) until every object reads back; asserts each is byte-exact.
 async fn wait_readable(c: &StoreClient, objects: &[(String, Vec<u8>)]) {
-    let deadline = Instant::now() + Duration::from_secs(30);
-    for (key, value) in objects {
-        loop {
-            match c.get(key).await {
-                Ok(got) => {
-                    assert!(got == *value, "{key}: bytes differ after restore");
-                    break;
-                }
-                Err(e) if Instant::now() < deadline => {
-                    let _ = e;
-                    tokio::time::sleep(Duration::from_millis(100)).await;
-                }
-                Err(e) => panic!("{key} not readable 30 s after the restart: {e}"),
-            }
-        }
-    }
+    common::wait_readable_within(c, objects, Duration::from_secs(30)).await
 }
 
 /// Polls (at most 30 s) until `key` is OBJECT_NOT_FOUND; it must never read back other bytes

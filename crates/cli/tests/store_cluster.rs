@@ -627,6 +627,40 @@ fn bench_store_runs_every_case_briefly() {
     assert!(!text.contains("FAIL"), "{text}");
 }
 
+/// The scaling case starts its client processes, runs every mode at every P and prints one
+/// row each (with no failed call: the binary exits non-zero otherwise) next to both floors.
+#[test]
+fn bench_scaling_runs_every_mode_with_several_client_processes() {
+    let text = verb_ok(&[
+        "bench",
+        "scaling",
+        "--procs",
+        "1,2",
+        "--seconds",
+        "0.1",
+        "--keys",
+        "256",
+        "--pingpong-iterations",
+        "200",
+    ]);
+    for floor in ["(blocking floor)", "(spinning floor)"] {
+        assert!(text.contains(floor), "no {floor} in\n{text}");
+    }
+    for procs in ["1", "2"] {
+        for mode in ["is_exist", "batch_is_exist", "get"] {
+            let row = text.lines().find(|l| {
+                let words: Vec<&str> = l.split_whitespace().collect();
+                words.first() == Some(&mode) && words.get(1) == Some(&procs)
+            });
+            let row = row.unwrap_or_else(|| panic!("no {mode} row for P={procs} in\n{text}"));
+            // calls/s, then the errors column last.
+            let words: Vec<&str> = row.split_whitespace().collect();
+            assert!(words[2].parse::<f64>().unwrap() > 0.0, "{row}");
+            assert_eq!(words.last(), Some(&"0"), "{row}");
+        }
+    }
+}
+
 #[test]
 fn bench_store_runs_with_every_tuning_flag_names_them_and_verifies_reads() {
     // Every transfer setting off its default (one copy thread, no inline copies, splits from

@@ -11,14 +11,22 @@
 //! observer.
 
 pub mod batch;
+#[cfg(feature = "etcd")]
+pub mod etcd;
 mod replay;
 mod sink;
+#[cfg(feature = "etcd")]
+pub mod test_etcd;
+#[cfg(feature = "etcd")]
+mod writer;
 
 use thiserror::Error;
 
 pub use batch::Batch;
 pub use replay::Replayer;
 pub use sink::{AckError, OpLogSink, Taken, WriterHealth};
+#[cfg(feature = "etcd")]
+pub use writer::{OpLogWriter, WriterConfig, WriterStats};
 
 /// Why the op-log cannot be read, applied or written.
 #[derive(Debug, Clone, Error, PartialEq, Eq)]

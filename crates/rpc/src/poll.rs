@@ -16,8 +16,9 @@
 //!   outweighs eight answered spins; a spin whose budget ran out without an answer outweighs two
 //!   (a responder that often needs longer than the budget makes spinning a waste; one that
 //!   sometimes does, as a woken idle core on a virtual machine, not). Enough debt makes the
-//!   thread stop polling for a while, longer each time (1 ms doubling to 64 ms), and a run of
-//!   spins that kept their core shortens the next pause again.
+//!   thread stop polling for a while, longer each time: 1 ms and one call, doubling to 64 ms
+//!   and 64 calls (both must pass, so a pause holds however slowly calls come); a run of
+//!   answered spins that kept their core shortens the next pause again.
 //!
 //! Both are pure functions of their inputs ([`Governor::verdict`], [`Governor::record`],
 //! [`host_has_spare_core`]); the tests drive each condition. [`PollPolicy::Always`] skips the
@@ -91,14 +92,16 @@ const PAUSE_AT: u32 = 16;
 /// The first pause; each further one (before a run of clean spins) doubles, up to the last.
 const FIRST_PAUSE: Duration = Duration::from_millis(1);
 const MAX_PAUSE_LEVEL: u32 = 7;
-/// Spins in a row that kept their core after which the next pause is one step shorter.
+/// Answered spins in a row that kept their core after which the next pause is one step shorter.
 const FORGIVE_AFTER: u32 = 32;
 
 /// One thread's record of how spinning went.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct Governor {
-    /// No spinning before this time (`now_ns`).
+    /// No spinning before this time (`now_ns`)...
     quiet_until_ns: u64,
+    /// ... nor before this many more verdicts were asked ([`Governor::ask`]).
+    quiet_calls: u32,
     /// How many pauses in a row (the next lasts `FIRST_PAUSE << level`).
     level: u32,
     debt: u32,
@@ -110,11 +113,21 @@ impl Governor {
     pub fn verdict(&self, now_ns: u64, host: Option<HostLoad>) -> Verdict {
         if host.is_some_and(|load| !host_has_spare_core(load)) {
             Verdict::HostBusy
-        } else if now_ns < self.quiet_until_ns {
+        } else if now_ns < self.quiet_until_ns || self.quiet_calls > 0 {
             Verdict::BackingOff
         } else {
             Verdict::Poll
         }
+    }
+
+    /// [`Governor::verdict`] for a caller about to wait: a verdict of backing off counts one
+    /// of the pause's calls.
+    pub fn ask(&mut self, now_ns: u64, host: Option<HostLoad>) -> Verdict {
+        let verdict = self.verdict(now_ns, host);
+        if verdict == Verdict::BackingOff {
+            self.quiet_calls = self.quiet_calls.saturating_sub(1);
+        }
+        verdict
     }
 
     /// Takes note of a spin that ended at `now_ns`.
@@ -122,17 +135,18 @@ impl Governor {
         if spin.longest_gap >= DESCHEDULED_GAP {
             self.debt += STRIKE;
             self.clean_run = 0;
-        } else {
+        } else if spin.answered {
+            self.debt = self.debt.saturating_sub(1);
             self.clean_run += 1;
-            if spin.answered {
-                self.debt = self.debt.saturating_sub(1);
-            } else {
-                self.debt += EXPIRED;
-            }
+        } else {
+            // An expired spin neither strikes nor pays: it keeps a run of paying ones going
+            // without adding to it.
+            self.debt += EXPIRED;
         }
         if self.debt >= PAUSE_AT {
             let pause = FIRST_PAUSE * (1 << self.level);
             self.quiet_until_ns = now_ns.saturating_add(pause.as_nanos() as u64);
+            self.quiet_calls = 1 << self.level;
             self.level = (self.level + 1).min(MAX_PAUSE_LEVEL - 1);
             self.debt = 0;
         } else if self.clean_run >= FORGIVE_AFTER {
@@ -159,7 +173,12 @@ pub(crate) fn decide(policy: PollPolicy) -> Verdict {
         PollPolicy::Adaptive => host_load(now),
         PollPolicy::AdaptiveWith(load) => Some(load),
     };
-    GOVERNOR.with(|g| g.get().verdict(now, host))
+    GOVERNOR.with(|g| {
+        let mut governor = g.get();
+        let verdict = governor.ask(now, host);
+        g.set(governor);
+        verdict
+    })
 }
 
 /// Records how a spin of the calling thread went (not under `Always`, which never asks).
@@ -404,7 +423,7 @@ mod tests {
             g.record(10 * MS, descheduled());
             assert_eq!(g.verdict(10 * MS, None), Verdict::Poll, "one strike");
             g.record(10 * MS, descheduled());
-            assert_eq!(g.verdict(10 * MS, None), Verdict::BackingOff);
+            assert_eq!(g.ask(10 * MS, None), Verdict::BackingOff);
             assert_eq!(g.verdict(11 * MS - 1, None), Verdict::BackingOff);
             assert_eq!(g.verdict(11 * MS, None), Verdict::Poll);
             // A busy host wins over a pause that is over.
@@ -437,6 +456,36 @@ mod tests {
         assert!(paused);
     }
 
+    /// A pause lasts its time and its calls: with calls slower than the pause (a responder that
+    /// takes longer than every budget), each pause still skips 1, 2, 4, … calls, so a thread
+    /// whose budget always runs out spins on fewer and fewer of its calls.
+    #[test]
+    fn a_pause_lasts_its_calls_however_slowly_they_come() {
+        let mut now = 0;
+        // The calls each pause took: 1, 2, 4, ... up to 64.
+        let mut g = Governor::default();
+        let mut per_pause = Vec::new();
+        for _ in 0..9 {
+            for _ in 0..8 {
+                assert_eq!(g.ask(now, None), Verdict::Poll);
+                g.record(now, expired());
+            }
+            let mut n = 0;
+            while g.ask(now + 1000 * MS, None) == Verdict::BackingOff {
+                n += 1;
+            }
+            per_pause.push(n);
+            now += 1000 * MS;
+        }
+        assert_eq!(per_pause, [1, 2, 4, 8, 16, 32, 64, 64, 64]);
+        // Expired spins do not shorten pauses; answered ones do.
+        assert_eq!(g.next_pause(), FIRST_PAUSE * 64);
+        for _ in 0..FORGIVE_AFTER {
+            g.record(now, clean());
+        }
+        assert_eq!(g.next_pause(), FIRST_PAUSE * 32);
+    }
+
     #[test]
     fn rare_strikes_are_tolerated_and_frequent_ones_are_not() {
         // One strike in ten spins: the debt never reaches a pause.
@@ -463,7 +512,7 @@ mod tests {
             g.record(now, descheduled());
             g.record(now, descheduled());
             let started = now;
-            while g.verdict(now, None) == Verdict::BackingOff {
+            while g.ask(now, None) == Verdict::BackingOff {
                 now += MS / 4;
             }
             pauses.push((now - started) / MS);

@@ -381,3 +381,82 @@ fn no_answer_is_left_unread_when_the_reader_takes_over_from_a_caller() {
     }
     rt.block_on(server.shutdown());
 }
+
+/// Answers each request after `delay` (longer than any spin budget here).
+struct Slow {
+    delay: Duration,
+}
+
+impl Handler for Slow {
+    fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        std::thread::sleep(self.delay);
+        Echo.handle(method, body, out)
+    }
+}
+
+/// CPU time the calling thread has used (user + system).
+fn thread_cpu_time() -> Duration {
+    // SAFETY: getrusage only writes the struct it is given.
+    let usage = unsafe {
+        let mut usage: libc::rusage = std::mem::zeroed();
+        assert_eq!(libc::getrusage(libc::RUSAGE_THREAD, &mut usage), 0);
+        usage
+    };
+    let of = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec as u64) + Duration::from_micros(t.tv_usec as u64)
+    };
+    of(usage.ru_utime) + of(usage.ru_stime)
+}
+
+/// With cores to spare but a server that always answers after the budget (every spin runs
+/// out, or loses its core and finds the answer late: either adds to the thread's debt), a
+/// sequential caller stops spinning: eight spins, then a pause of one call, eight, two calls,
+/// eight, four, … A pause lasts its calls, not only its time: here every call takes longer
+/// than the longest pause (64 ms), so pauses of time alone would never skip a call and all 61
+/// calls would spin; with the calls counted at most 40 spin, however loaded the machine, and
+/// the caller's thread uses at most those spins' budgets of CPU plus the calls' own work.
+#[test]
+fn a_caller_whose_budget_keeps_running_out_stops_spinning() {
+    let rt = Runtime::new().unwrap();
+    let budget = Duration::from_millis(2);
+    let delay = Duration::from_millis(70);
+    let server = rt
+        .block_on(RpcServer::bind(
+            loopback(),
+            Arc::new(Slow { delay }),
+            ServerConfig::default(),
+        ))
+        .unwrap();
+    let client = RpcClient::new(
+        server.local_addr(),
+        ClientConfig {
+            call_timeout: Duration::from_secs(30),
+            busy_poll: Some(budget),
+            poll_policy: IDLE,
+            ..ClientConfig::default()
+        },
+    );
+    // Connected before measuring (the first call also pays the connection).
+    assert_eq!(
+        &rt.block_on(client.call(ECHO, b"hello")).unwrap()[..],
+        b"hello"
+    );
+    let first = client.poll_stats();
+    let before = thread_cpu_time();
+    for i in 0..60u32 {
+        let body = i.to_le_bytes();
+        assert_eq!(&rt.block_on(client.call(ECHO, &body)).unwrap()[..], &body);
+    }
+    let used = thread_cpu_time() - before;
+    let stats = client.poll_stats();
+    let spins = stats.spins - first.spins;
+    let skipped = stats.skipped_backing_off - first.skipped_backing_off;
+    assert_eq!(stats.skipped_host_busy, 0, "{stats:?}");
+    assert_eq!(spins + skipped, 60, "{stats:?}");
+    assert!(stats.spins <= 40, "{stats:?}");
+    assert!(
+        used < budget * 40 + Duration::from_millis(100),
+        "{used:?} of CPU for 60 calls of {delay:?} ({stats:?})"
+    );
+    rt.block_on(server.shutdown());
+}

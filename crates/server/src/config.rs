@@ -258,23 +258,27 @@ master_flags! {
         "File holding the cluster's shared token (at least 16 bytes, surrounding whitespace trimmed). When set, every RPC connection must present it first (Authenticate), the admin HTTP endpoints other than /metrics, /metrics/summary, /health, /role, /ha_status and /leader (and the metadata server's /metadata) need `Authorization: Bearer TOKEN`, and store nodes given the same token serve their memory only to clients this master admitted (docs/security.md)";
     rpc_max_buffered_request_bytes: u64 = 268435456, Ours UInt64, HONOURED,
         "Bytes of request frames over 64 KiB that all RPC connections together may hold; over it the server stops reading them and sheds the oldest (at least the 16 MiB frame limit)";
+    oplog_ack: String = "durable", Ours String, HONOURED,
+        "With --enable_oplog: durable = PutEnd, Remove and every other acknowledged mutation reply once their op-log batch is durable in etcd; visible = they reply at once (upstream's mode; calls that hand out space still wait)";
+    oplog_ack_timeout_ms: u64 = 5000, Ours UInt64, HONOURED,
+        "With --enable_oplog: longest wait of one acknowledgement for etcd; past it the call fails with ETCD_OPERATION_ERROR (retryable)";
     put_start_evict_budget: usize = 4096, Ours UInt64, HONOURED,
         "Objects a PutStart that finds the store full may examine to evict inline, oldest first, what it needs (0 = refuse with NO_AVAILABLE_HANDLE at once, as upstream)";
 
     // ---- high availability (not built) ------------------------------------------------------
     enable_ha: bool = false, Master Bool, Status::Refused(HA),
         "Enable high availability using the configured HA backend";
-    ha_backend_type: String = "etcd", Master String, Status::Inert(HA),
+    ha_backend_type: String = "etcd", Master String, HONOURED,
         "HA backend type, e.g. etcd | redis | k8s";
-    ha_backend_connstring: String = "", Master String, Status::Inert(HA),
+    ha_backend_connstring: String = "", Master String, HONOURED,
         "HA backend connection string. If unset, only backend_type=etcd falls back to etcd_endpoints for backward compatibility";
-    etcd_endpoints: String = "", Master String, Status::Inert(HA),
+    etcd_endpoints: String = "", Master String, HONOURED,
         "Endpoints of ETCD server, separated by semicolon, required in HA mode";
     pod_name: String = "", Master String, Status::Inert(HA),
         "Pod name for K8s label-based routing (default: $POD_NAME)";
     pod_namespace: String = "", Master String, Status::Inert(HA),
         "Pod namespace for K8s label-based routing (default: $POD_NAMESPACE)";
-    enable_oplog: bool = false, Master Bool, Status::Refused(OPLOG),
+    enable_oplog: bool = false, Master Bool, HONOURED,
         "Enable HA metadata replication through batch-record OpLog";
     oplog_batch_max_entries: u32 = 1024, Master UInt32, Status::Inert(OPLOG),
         "Maximum number of committed/reserved entries in the open batch-record OpLog waiting batch.";
@@ -492,6 +496,28 @@ pub struct ResolvedConfig {
     pub snapshot: SnapshotSettings,
     /// The shared token read from `--auth_token_file` (`None`: no authentication).
     pub auth_token: Option<AuthToken>,
+    /// `--enable_oplog`: where the op-log goes and how writes are acknowledged.
+    pub oplog: Option<OpLogSettings>,
+}
+
+/// How a mutation's reply relates to its op-log batch (`--oplog_ack`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OpLogAck {
+    /// Every acknowledged mutation replies once its batch is durable.
+    Durable,
+    /// Replies at once; calls that hand out space still wait (docs/oplog.md).
+    Visible,
+}
+
+/// The op-log settings resolved from the flags.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct OpLogSettings {
+    /// etcd client URLs.
+    pub endpoints: Vec<String>,
+    /// `--cluster_id`: the op-log's key prefix in etcd.
+    pub cluster_id: String,
+    pub ack: OpLogAck,
+    pub ack_timeout: std::time::Duration,
 }
 
 impl ResolvedConfig {
@@ -795,7 +821,75 @@ impl MasterConfig {
             notice: None,
             snapshot,
             auth_token,
+            oplog: self.oplog_settings()?,
         })
+    }
+
+    /// The op-log settings (`None` without `--enable_oplog`).
+    pub fn oplog_settings(&self) -> Result<Option<OpLogSettings>, ConfigError> {
+        let invalid = |flag: &'static str, message: String| ConfigError::Invalid { flag, message };
+        let ack = match self.oplog_ack.as_str() {
+            "durable" => OpLogAck::Durable,
+            "visible" => OpLogAck::Visible,
+            other => {
+                return Err(invalid(
+                    "oplog_ack",
+                    format!("unknown mode {other:?} (durable, visible)"),
+                ))
+            }
+        };
+        if !self.enable_oplog {
+            return Ok(None);
+        }
+        if self.ha_backend_type != "etcd" {
+            return Err(invalid(
+                "ha_backend_type",
+                format!(
+                    "{:?}: the op-log is kept in etcd only",
+                    self.ha_backend_type
+                ),
+            ));
+        }
+        let conn = if self.ha_backend_connstring.is_empty() {
+            &self.etcd_endpoints
+        } else {
+            &self.ha_backend_connstring
+        };
+        let endpoints = mooncake_oplog::etcd::parse_endpoints(conn);
+        if endpoints.is_empty() {
+            return Err(invalid(
+                "enable_oplog",
+                "needs etcd: give --etcd_endpoints or --ha_backend_connstring".into(),
+            ));
+        }
+        let id_ok = !self.cluster_id.is_empty()
+            && self.cluster_id.len() <= 128
+            && self
+                .cluster_id
+                .bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"_.-".contains(&b));
+        if !id_ok {
+            return Err(invalid(
+                "cluster_id",
+                "1 to 128 characters of [A-Za-z0-9_.-] with --enable_oplog".into(),
+            ));
+        }
+        if self.enable_snapshot_restore {
+            return Err(invalid(
+                "enable_oplog",
+                "a master with the op-log starts from the log; drop --enable_snapshot_restore"
+                    .into(),
+            ));
+        }
+        if self.oplog_ack_timeout_ms == 0 {
+            return Err(invalid("oplog_ack_timeout_ms", "must be positive".into()));
+        }
+        Ok(Some(OpLogSettings {
+            endpoints,
+            cluster_id: self.cluster_id.clone(),
+            ack,
+            ack_timeout: std::time::Duration::from_millis(self.oplog_ack_timeout_ms),
+        }))
     }
 
     /// The snapshot settings; `env_dir` is `$MOONCAKE_SNAPSHOT_LOCAL_PATH`.
@@ -1033,10 +1127,71 @@ mod tests {
     }
 
     #[test]
+    fn oplog_flags_resolve_to_endpoints_and_an_ack_mode_and_bad_combinations_are_refused() {
+        let (_, resolved) = load(&[]).unwrap();
+        assert_eq!(resolved.oplog, None);
+        let (_, resolved) = load(&[
+            "--enable_oplog",
+            "--etcd_endpoints=127.0.0.1:2379;http://h2:2379",
+            "--cluster_id=c-1.x",
+        ])
+        .unwrap();
+        let oplog = resolved.oplog.unwrap();
+        assert_eq!(oplog.endpoints, ["http://127.0.0.1:2379", "http://h2:2379"]);
+        assert_eq!(oplog.ack, OpLogAck::Durable);
+        assert_eq!(oplog.cluster_id, "c-1.x");
+        let (_, resolved) = load(&[
+            "--enable_oplog",
+            "--etcd_endpoints=a:1",
+            "--ha_backend_connstring=etcd://b:2,c:3",
+            "--oplog_ack=visible",
+        ])
+        .unwrap();
+        let oplog = resolved.oplog.unwrap();
+        assert_eq!(
+            oplog.endpoints,
+            ["http://b:2", "http://c:3"],
+            "the connstring wins"
+        );
+        assert_eq!(oplog.ack, OpLogAck::Visible);
+        for (args, flag) in [
+            (&["--enable_oplog"][..], "enable_oplog"),
+            (&["--oplog_ack=sometimes"][..], "oplog_ack"),
+            (
+                &[
+                    "--enable_oplog",
+                    "--etcd_endpoints=a:1",
+                    "--ha_backend_type=redis",
+                ][..],
+                "ha_backend_type",
+            ),
+            (
+                &["--enable_oplog", "--etcd_endpoints=a:1", "--cluster_id=a/b"][..],
+                "cluster_id",
+            ),
+            (
+                &[
+                    "--enable_oplog",
+                    "--etcd_endpoints=a:1",
+                    "--enable_snapshot_restore",
+                    "--snapshot_dir=/tmp",
+                ][..],
+                "enable_oplog",
+            ),
+        ] {
+            let err = load(args).unwrap_err();
+            assert!(
+                matches!(&err, ConfigError::Invalid { flag: f, .. } if *f == flag),
+                "{args:?}: {err}"
+            );
+        }
+    }
+
+    #[test]
     fn flags_of_features_not_built_at_their_defaults_are_accepted_with_one_warning() {
         let (_, resolved) = load(&[
             "--enable_ha=false",
-            "--etcd_endpoints=http://127.0.0.1:2379",
+            "--pod_name=p1",
             "--snapshot_child_timeout_seconds=300",
             "--logtostderr",
         ])
@@ -1044,7 +1199,7 @@ mod tests {
         let notice = resolved.notice.unwrap();
         assert!(!notice.contains('\n'), "one line: {notice}");
         for part in [
-            "high availability (HA): enable_ha, etcd_endpoints=\"http://127.0.0.1:2379\"",
+            "high availability (HA): enable_ha, pod_name=\"p1\"",
             "snapshot child process (snapshots are written in-process): snapshot_child_timeout_seconds",
             "logtostderr=\"true\"",
         ] {

@@ -10,6 +10,7 @@ mod drain_http;
 mod flags;
 pub mod http;
 pub mod metrics;
+pub mod oplog;
 pub mod process;
 pub mod rpc_dispatch;
 pub mod snapshot;

@@ -17,6 +17,7 @@ use tokio::task::JoinSet;
 use crate::config::{MasterConfig, ResolvedConfig};
 use crate::http::{admin_router, metadata_router, AdminState, MetadataStore};
 use crate::metrics::{RpcMetrics, WorkerMetrics};
+use crate::oplog::{read_log, OpLogHandle};
 use crate::rpc_dispatch::MasterRpc;
 use crate::snapshot::{PeriodicSnapshots, SnapshotMetrics, Snapshotter};
 
@@ -34,6 +35,8 @@ pub enum StartError {
     },
     #[error("{0}")]
     Snapshot(String),
+    #[error("op-log: {0}")]
+    OpLog(String),
     #[error("cannot listen on {addr} ({what}): {source}")]
     Bind {
         what: &'static str,
@@ -116,8 +119,11 @@ pub struct RunningMaster {
     snapshotter: Option<Arc<Snapshotter>>,
     periodic: Option<PeriodicSnapshots>,
     final_snapshot: bool,
+    oplog: Option<Arc<OpLogHandle>>,
 }
 
+/// Longest wait at shutdown for the op-log's last entries to become durable.
+const OPLOG_DRAIN_AT_SHUTDOWN: Duration = Duration::from_secs(10);
 /// How often each background step runs.
 const PUT_TIMEOUT_PERIOD: Duration = Duration::from_secs(1);
 const SOFT_PIN_EXPIRY_PERIOD: Duration = Duration::from_secs(1);
@@ -149,6 +155,19 @@ impl RunningMaster {
         resolved: &ResolvedConfig,
         initial: Option<(MasterState, RestoreOptions)>,
     ) -> Result<RunningMaster, StartError> {
+        let (initial, log_prefix) = match &resolved.oplog {
+            Some(settings) => {
+                let start = read_log(settings, core_config(config, resolved))
+                    .await
+                    .map_err(StartError::OpLog)?;
+                let options = RestoreOptions {
+                    join: Some(mooncake_snapshot::join_on_threads),
+                    ..RestoreOptions::default()
+                };
+                (start.state.map(|s| (s, options)), start.prefix)
+            }
+            None => (initial, None),
+        };
         let master = Arc::new(MasterService::new(
             core_config(config, resolved),
             Arc::new(SystemClock::new()),
@@ -158,6 +177,12 @@ impl RunningMaster {
         if let Some((state, options)) = initial {
             restore_into(&master, state, options, &snapshot_metrics)?;
         }
+        let oplog = match &resolved.oplog {
+            Some(settings) => {
+                Some(OpLogHandle::start(&master, settings, log_prefix).map_err(StartError::OpLog)?)
+            }
+            None => None,
+        };
         let policy_path = load_tenant_policy(config, &master)?;
         let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
         let snapshotter = open_snapshotter(&master, resolved, &snapshot_metrics)?;
@@ -166,7 +191,8 @@ impl RunningMaster {
         rpc_config.auth_token = resolved.auth_token.clone();
         let handler = Arc::new(
             MasterRpc::new(master.clone(), metrics.clone(), Limits::default())
-                .with_snapshots(snapshotter.clone()),
+                .with_snapshots(snapshotter.clone())
+                .with_oplog(oplog.clone()),
         );
         let rpc = RpcServer::bind(resolved.rpc_addr, handler, rpc_config)
             .await
@@ -239,6 +265,7 @@ impl RunningMaster {
             snapshotter,
             final_snapshot: periodic.is_some(),
             periodic,
+            oplog,
         })
     }
 
@@ -273,7 +300,11 @@ impl RunningMaster {
         while self.tasks.join_next().await.is_some() {}
         let periodic = self.periodic.take();
         let snapshotter = self.snapshotter.take().filter(|_| self.final_snapshot);
+        let oplog = self.oplog.take();
         let joined = tokio::task::spawn_blocking(move || {
+            if let Some(oplog) = oplog {
+                oplog.stop(OPLOG_DRAIN_AT_SHUTDOWN);
+            }
             if let Some(periodic) = periodic {
                 periodic.stop();
             }

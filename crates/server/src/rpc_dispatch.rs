@@ -10,6 +10,7 @@ use mooncake_rpc::{Handler, HandlerError};
 use std::sync::Arc;
 
 use crate::metrics::RpcMetrics;
+use crate::oplog::{method_class, OpLogHandle};
 use crate::snapshot::Snapshotter;
 
 /// The version string `ServiceReady` answers.
@@ -22,6 +23,7 @@ pub struct MasterRpc {
     metrics: Arc<RpcMetrics>,
     limits: Limits,
     snapshots: Option<Arc<Snapshotter>>,
+    oplog: Option<Arc<OpLogHandle>>,
 }
 
 impl MasterRpc {
@@ -31,12 +33,19 @@ impl MasterRpc {
             metrics,
             limits,
             snapshots: None,
+            oplog: None,
         }
     }
 
     /// Serves `TakeSnapshot` with `snapshots` (without: `NOT_SUPPORTED`).
     pub fn with_snapshots(mut self, snapshots: Option<Arc<Snapshotter>>) -> Self {
         self.snapshots = snapshots;
+        self
+    }
+
+    /// Gates and acknowledges mutating calls with `oplog` (crate::oplog).
+    pub fn with_oplog(mut self, oplog: Option<Arc<OpLogHandle>>) -> Self {
+        self.oplog = oplog;
         self
     }
 
@@ -71,9 +80,20 @@ impl MasterRpc {
                 ));
             }
         };
+        let logged = self
+            .oplog
+            .as_ref()
+            .and_then(|h| method_class(M::ID).map(|class| (h, class)));
         let reply = match request.check_limits(&self.limits) {
-            Ok(()) => op(&self.master, &request),
+            Ok(()) => match logged.map(|(h, _)| h.gate()) {
+                Some(Err(code)) => Err(code),
+                _ => op(&self.master, &request),
+            },
             Err(code) => Err(code),
+        };
+        let reply = match (logged, reply) {
+            (Some((h, class)), Ok(value)) => h.ack(class).map(|()| value),
+            (_, reply) => reply,
         };
         observe(&self.metrics, &request, &reply);
         encode_into(&reply, out).map_err(|e| HandlerError::new(e.code(), e.to_string()))

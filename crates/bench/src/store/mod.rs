@@ -191,7 +191,7 @@ impl CopyTuning {
     }
 }
 
-struct KillOnDrop(Child);
+pub(crate) struct KillOnDrop(pub(crate) Child);
 
 impl Drop for KillOnDrop {
     fn drop(&mut self) {
@@ -201,7 +201,7 @@ impl Drop for KillOnDrop {
 }
 
 /// Starts `mooncake master` on loopback with free ports; returns it and its RPC address.
-fn start_master() -> anyhow::Result<(KillOnDrop, String)> {
+pub(crate) fn start_master() -> anyhow::Result<(KillOnDrop, String)> {
     let exe = std::env::current_exe().context("locating the mooncake binary")?;
     let mut child = KillOnDrop(
         Command::new(exe)
@@ -234,7 +234,7 @@ fn start_master() -> anyhow::Result<(KillOnDrop, String)> {
     Ok((child, rpc.to_string()))
 }
 
-fn client_config(
+pub(crate) fn client_config(
     master: &str,
     segment: u64,
     transport: TransportMode,
@@ -257,7 +257,7 @@ fn client_config(
     config
 }
 
-fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
+pub(crate) fn runtime() -> anyhow::Result<tokio::runtime::Runtime> {
     Ok(tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()

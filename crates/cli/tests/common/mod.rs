@@ -298,6 +298,30 @@ pub fn pattern(len: usize, seed: u64) -> Vec<u8> {
         .collect()
 }
 
+/// Polls (at most `limit`) until every object reads back through `c`; asserts each is
+/// byte-exact.
+pub async fn wait_readable_within(
+    c: &mooncake_client::StoreClient,
+    objects: &[(String, Vec<u8>)],
+    limit: Duration,
+) {
+    let deadline = Instant::now() + limit;
+    for (key, value) in objects {
+        loop {
+            match c.get(key).await {
+                Ok(got) => {
+                    assert!(got == *value, "{key}: other bytes than were put");
+                    break;
+                }
+                Err(_) if Instant::now() < deadline => {
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+                Err(e) => panic!("{key} not readable within {limit:?}: {e}"),
+            }
+        }
+    }
+}
+
 /// Runs a `mooncake` verb with a time limit.
 pub fn verb(args: &[&str], stdin: Option<&[u8]>) -> Output {
     let mut child = Command::new(BIN)

@@ -1,0 +1,229 @@
+//! The op-log in etcd (docs/oplog.md, "In etcd"): batches under
+//! `<root>batches/<20-digit batch id>` and the durable prefix under `<root>prefix`, written
+//! together by one transaction that compares the prefix with the one the writer last committed.
+//! A writer whose idea of the prefix is stale (another master wrote since) can never commit.
+
+use std::time::Duration;
+
+use etcd_client::{
+    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, TxnOpResponse,
+};
+
+/// The durable prefix: the last committed batch and the last sequence number it holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Prefix {
+    pub batch_id: u64,
+    pub last_seq: u64,
+}
+
+impl Prefix {
+    /// The stored value: `v1 <batch id> <last seq>` in ASCII decimal.
+    pub fn encode(&self) -> String {
+        format!("v1 {} {}", self.batch_id, self.last_seq)
+    }
+
+    pub fn parse(value: &[u8]) -> Option<Prefix> {
+        let text = std::str::from_utf8(value).ok()?;
+        let mut parts = text.split(' ');
+        if parts.next()? != "v1" {
+            return None;
+        }
+        let batch_id = parts.next()?.parse().ok()?;
+        let last_seq = parts.next()?.parse().ok()?;
+        parts
+            .next()
+            .is_none()
+            .then_some(Prefix { batch_id, last_seq })
+    }
+}
+
+/// Why an etcd call failed.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum EtcdError {
+    /// etcd did not answer (unreachable, timed out, no quorum): the call may be retried.
+    #[error("etcd unavailable: {0}")]
+    Unavailable(String),
+    /// The prefix moved: another writer committed. This writer may never commit again.
+    #[error("op-log fenced: the durable prefix is {found:?}, this writer expected {expected:?}")]
+    Fenced {
+        expected: Option<Prefix>,
+        found: Option<Prefix>,
+    },
+    /// What etcd holds is not an op-log this build can read.
+    #[error("op-log in etcd is unusable: {0}")]
+    Invalid(String),
+}
+
+/// The op-log's keys in one etcd cluster.
+#[derive(Clone)]
+pub struct EtcdLog {
+    kv: KvClient,
+    root: String,
+    timeout: Duration,
+}
+
+impl std::fmt::Debug for EtcdLog {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("EtcdLog").field("root", &self.root).finish()
+    }
+}
+
+/// The key prefix of cluster `cluster_id`'s op-log.
+pub fn oplog_root(cluster_id: &str) -> String {
+    format!("/mooncake-rs/{cluster_id}/oplog/")
+}
+
+/// Splits `--etcd_endpoints` / `--ha_backend_connstring` (comma or semicolon separated, with
+/// or without `http://`, optionally prefixed `etcd://`) into endpoint URLs.
+pub fn parse_endpoints(s: &str) -> Vec<String> {
+    let s = s.trim().strip_prefix("etcd://").unwrap_or(s.trim());
+    s.split([',', ';'])
+        .map(str::trim)
+        .filter(|e| !e.is_empty())
+        .map(|e| {
+            if e.contains("://") {
+                e.to_string()
+            } else {
+                format!("http://{e}")
+            }
+        })
+        .collect()
+}
+
+fn unavailable(e: impl std::fmt::Display) -> EtcdError {
+    EtcdError::Unavailable(e.to_string())
+}
+
+impl EtcdLog {
+    /// Connects (lazily: an unreachable etcd fails the first call, not this one).
+    pub async fn connect(
+        endpoints: &[String],
+        root: String,
+        timeout: Duration,
+    ) -> Result<EtcdLog, EtcdError> {
+        let options = ConnectOptions::new()
+            .with_connect_timeout(timeout)
+            .with_timeout(timeout)
+            .with_keep_alive(Duration::from_secs(2), timeout);
+        let connect = Client::connect(endpoints, Some(options));
+        let client = tokio::time::timeout(timeout, connect)
+            .await
+            .map_err(|_| unavailable("connect timed out"))?
+            .map_err(unavailable)?;
+        Ok(EtcdLog {
+            kv: client.kv_client(),
+            root,
+            timeout,
+        })
+    }
+
+    pub fn prefix_key(&self) -> String {
+        format!("{}prefix", self.root)
+    }
+
+    pub fn batch_key(&self, batch_id: u64) -> String {
+        format!("{}batches/{batch_id:020}", self.root)
+    }
+
+    async fn timed<T, F>(&self, f: F) -> Result<T, EtcdError>
+    where
+        F: std::future::Future<Output = Result<T, etcd_client::Error>>,
+    {
+        tokio::time::timeout(self.timeout, f)
+            .await
+            .map_err(|_| unavailable("timed out"))?
+            .map_err(unavailable)
+    }
+
+    /// The durable prefix (`None` before the first commit).
+    pub async fn read_prefix(&self) -> Result<Option<Prefix>, EtcdError> {
+        let mut kv = self.kv.clone();
+        let r = self.timed(kv.get(self.prefix_key(), None)).await?;
+        match r.kvs().first() {
+            None => Ok(None),
+            Some(kv) => Prefix::parse(kv.value())
+                .map(Some)
+                .ok_or_else(|| EtcdError::Invalid(format!("prefix value {:?}", kv.value()))),
+        }
+    }
+
+    /// Commits `bytes` as batch `new.batch_id` and moves the prefix from `expected` to `new`, in
+    /// one transaction that succeeds only if the prefix is still `expected`. A commit that
+    /// failed ambiguously earlier and is retried is recognised (the prefix is `new` and the
+    /// stored batch is these bytes) and reported as success.
+    pub async fn commit(
+        &self,
+        expected: Option<Prefix>,
+        new: Prefix,
+        bytes: &[u8],
+    ) -> Result<(), EtcdError> {
+        let pk = self.prefix_key();
+        let bk = self.batch_key(new.batch_id);
+        let guard = match expected {
+            None => Compare::create_revision(pk.clone(), CompareOp::Equal, 0),
+            Some(p) => Compare::value(pk.clone(), CompareOp::Equal, p.encode()),
+        };
+        let txn = Txn::new()
+            .when([guard])
+            .and_then([
+                TxnOp::put(bk.clone(), bytes.to_vec(), None),
+                TxnOp::put(pk.clone(), new.encode(), None),
+            ])
+            .or_else([TxnOp::get(pk, None), TxnOp::get(bk, None)]);
+        let mut kv = self.kv.clone();
+        let r = self.timed(kv.txn(txn)).await?;
+        if r.succeeded() {
+            return Ok(());
+        }
+        let mut found = None;
+        let mut stored: Option<Vec<u8>> = None;
+        for (i, op) in r.op_responses().into_iter().enumerate() {
+            if let TxnOpResponse::Get(g) = op {
+                let value = g.kvs().first().map(|kv| kv.value().to_vec());
+                if i == 0 {
+                    found = value.as_deref().and_then(Prefix::parse);
+                } else {
+                    stored = value;
+                }
+            }
+        }
+        if found == Some(new) && stored.as_deref() == Some(bytes) {
+            return Ok(());
+        }
+        Err(EtcdError::Fenced { expected, found })
+    }
+
+    /// Up to `limit` batches with ids above `after`, in id order: `(batch id, bytes)`.
+    pub async fn read_batches(
+        &self,
+        after: u64,
+        limit: i64,
+    ) -> Result<Vec<(u64, Vec<u8>)>, EtcdError> {
+        let from = self.batch_key(after.saturating_add(1));
+        let to = format!("{}batches0", self.root); // '0' follows '/'
+        let options = GetOptions::new().with_range(to).with_limit(limit);
+        let mut kv = self.kv.clone();
+        let r = self.timed(kv.get(from, Some(options))).await?;
+        let prefix_len = format!("{}batches/", self.root).len();
+        r.kvs()
+            .iter()
+            .map(|kv| {
+                let id = kv
+                    .key()
+                    .get(prefix_len..)
+                    .and_then(|k| std::str::from_utf8(k).ok())
+                    .and_then(|k| k.parse::<u64>().ok())
+                    .ok_or_else(|| EtcdError::Invalid(format!("batch key {:?}", kv.key())))?;
+                Ok((id, kv.value().to_vec()))
+            })
+            .collect()
+    }
+
+    /// The number of keys under the op-log's root (for tests and the benchmark).
+    pub async fn key_count(&self) -> Result<i64, EtcdError> {
+        let options = GetOptions::new().with_prefix().with_count_only();
+        let mut kv = self.kv.clone();
+        let r = self.timed(kv.get(self.root.clone(), Some(options))).await?;
+        Ok(r.count())
+    }
+}

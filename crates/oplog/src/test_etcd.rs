@@ -1,0 +1,110 @@
+//! For tests: a real single-member etcd (the `etcd` binary of Debian's etcd-server) on free
+//! loopback ports with a temporary data directory, stopped by PID (SIGKILL) when dropped or
+//! killed, restartable on the same ports and data. Every failure to set it up panics: it is
+//! test scaffolding.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+pub struct EtcdServer {
+    pub client_port: u16,
+    peer_port: u16,
+    dir: tempfile::TempDir,
+    child: Option<Child>,
+}
+
+fn free_port() -> u16 {
+    TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port()
+}
+
+impl EtcdServer {
+    pub fn start() -> EtcdServer {
+        let mut s = EtcdServer {
+            client_port: free_port(),
+            peer_port: free_port(),
+            dir: tempfile::tempdir().unwrap(),
+            child: None,
+        };
+        s.restart();
+        s
+    }
+
+    pub fn endpoint(&self) -> String {
+        format!("http://127.0.0.1:{}", self.client_port)
+    }
+
+    fn data_dir(&self) -> PathBuf {
+        self.dir.path().join("data")
+    }
+
+    /// Starts the process (again) on the same ports and data, and waits until it answers.
+    pub fn restart(&mut self) {
+        assert!(self.child.is_none());
+        let c = format!("http://127.0.0.1:{}", self.client_port);
+        let p = format!("http://127.0.0.1:{}", self.peer_port);
+        let log = std::fs::File::create(self.dir.path().join("etcd.log")).unwrap();
+        let child = Command::new("etcd")
+            .arg("--data-dir")
+            .arg(self.data_dir())
+            .args(["--listen-client-urls", &c, "--advertise-client-urls", &c])
+            .args([
+                "--listen-peer-urls",
+                &p,
+                "--initial-advertise-peer-urls",
+                &p,
+            ])
+            .arg(format!("--initial-cluster=default={p}"))
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("etcd must be installed (Debian etcd-server; scripts/test installs it)");
+        self.child = Some(child);
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while Instant::now() < deadline {
+            if health(self.client_port) {
+                return;
+            }
+            std::thread::sleep(Duration::from_millis(50));
+        }
+        panic!("etcd did not become healthy within 60 s");
+    }
+
+    /// SIGKILLs the process.
+    pub fn kill(&mut self) {
+        if let Some(mut c) = self.child.take() {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
+impl Drop for EtcdServer {
+    fn drop(&mut self) {
+        self.kill();
+    }
+}
+
+/// `GET /health` answers `"health":"true"`.
+fn health(port: u16) -> bool {
+    use std::io::{Read, Write};
+    let Ok(mut s) = std::net::TcpStream::connect(("127.0.0.1", port)) else {
+        return false;
+    };
+    let _ = s.set_read_timeout(Some(Duration::from_secs(2)));
+    if s.write_all(b"GET /health HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n")
+        .is_err()
+    {
+        return false;
+    }
+    let mut out = String::new();
+    let _ = s.read_to_string(&mut out);
+    out.contains("\"health\":\"true\"")
+}

@@ -1,0 +1,241 @@
+//! The master's op-log in the process (`--enable_oplog`, docs/oplog.md): the start from the
+//! log in etcd, the sink and writer that make every mutation durable, and the rule that decides
+//! when a mutating RPC may answer.
+//!
+//! - Before a mutating call is applied ([`OpLogHandle::gate`]): while the writer cannot reach
+//!   etcd the call is refused with `ETCD_OPERATION_ERROR` (retryable) and changes nothing; once
+//!   this master is fenced, `UNAVAILABLE_IN_CURRENT_STATUS`. Reads are never gated.
+//! - After it ([`OpLogHandle::ack`]): the reply waits until everything the master observed up to
+//!   then is durable. With `--oplog_ack=durable` (default) every mutating call waits; with
+//!   `visible` only the calls that hand out space (PutStart, UpsertStart, CopyStart, MoveStart
+//!   and their batches) wait, so space freed by a removal is handed to a writer only after the
+//!   removal is durable. A wait longer than `--oplog_ack_timeout_ms` answers
+//!   `ETCD_OPERATION_ERROR`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use mooncake_common::ErrorCode;
+use mooncake_master::{MasterService, MasterServiceConfig, MasterState};
+use mooncake_oplog::etcd::{oplog_root, EtcdLog, Prefix};
+use mooncake_oplog::{AckError, OpLogSink, OpLogWriter, Replayer, WriterConfig, WriterHealth};
+use mooncake_proto::methods::{self as m, Method};
+use parking_lot::Mutex;
+
+use crate::config::{OpLogAck, OpLogSettings};
+
+/// Deadline of one etcd call of the writer and of the start.
+const CALL_TIMEOUT: Duration = Duration::from_secs(2);
+/// Batches read per etcd call at start.
+const READ_BATCHES: i64 = 256;
+
+/// When a mutating call's reply waits for durability.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum AckClass {
+    /// Hands out space: waits in both modes.
+    Grant,
+    /// Any other mutation: waits with `--oplog_ack=durable`.
+    Ack,
+}
+
+/// The class of method `id`; `None` for calls that change no durable state.
+pub fn method_class(id: u16) -> Option<AckClass> {
+    const GRANT: &[u16] = &[
+        m::PutStart::ID,
+        m::BatchPutStart::ID,
+        m::UpsertStart::ID,
+        m::BatchUpsertStart::ID,
+        m::CopyStart::ID,
+        m::MoveStart::ID,
+    ];
+    const ACK: &[u16] = &[
+        m::PutEnd::ID,
+        m::BatchPutEnd::ID,
+        m::PutRevoke::ID,
+        m::BatchPutRevoke::ID,
+        m::Remove::ID,
+        m::BatchRemove::ID,
+        m::RemoveByRegex::ID,
+        m::RemoveAll::ID,
+        m::BatchReplicaClear::ID,
+        m::MountSegment::ID,
+        m::ReMountSegment::ID,
+        m::UnmountSegment::ID,
+        m::GracefulUnmountSegment::ID,
+        m::UpsertEnd::ID,
+        m::BatchUpsertEnd::ID,
+        m::UpsertRevoke::ID,
+        m::BatchUpsertRevoke::ID,
+        m::CopyEnd::ID,
+        m::CopyRevoke::ID,
+        m::MoveEnd::ID,
+        m::MoveRevoke::ID,
+        m::ConfirmReplicas::ID,
+    ];
+    if GRANT.contains(&id) {
+        Some(AckClass::Grant)
+    } else if ACK.contains(&id) {
+        Some(AckClass::Ack)
+    } else {
+        None
+    }
+}
+
+/// What the start read from etcd.
+#[derive(Debug)]
+pub struct LogStart {
+    /// The durable prefix (`None`: an empty log).
+    pub prefix: Option<Prefix>,
+    /// The fold of every batch (`None` when the log is empty).
+    pub state: Option<MasterState>,
+}
+
+/// Reads the whole log and folds it into a state, on a scratch master with `config`.
+pub async fn read_log(
+    settings: &OpLogSettings,
+    config: MasterServiceConfig,
+) -> Result<LogStart, String> {
+    let log = EtcdLog::connect(
+        &settings.endpoints,
+        oplog_root(&settings.cluster_id),
+        CALL_TIMEOUT,
+    )
+    .await
+    .map_err(|e| format!("cannot reach etcd at {:?}: {e}", settings.endpoints))?;
+    let prefix = log.read_prefix().await.map_err(|e| e.to_string())?;
+    let Some(prefix) = prefix else {
+        return Ok(LogStart {
+            prefix: None,
+            state: None,
+        });
+    };
+    let scratch = MasterService::new(config, Arc::new(mooncake_common::SystemClock::new()))
+        .map_err(|e| e.to_string())?;
+    let mut replayer = Replayer::new(&scratch, 0);
+    let mut last = 0;
+    while last < prefix.batch_id {
+        let batches = log
+            .read_batches(last, READ_BATCHES)
+            .await
+            .map_err(|e| e.to_string())?;
+        if batches.is_empty() {
+            break;
+        }
+        for (id, bytes) in batches.into_iter().filter(|(id, _)| *id <= prefix.batch_id) {
+            if id != last + 1 {
+                return Err(format!("op-log batch {} is missing (found {id})", last + 1));
+            }
+            replayer
+                .apply_bytes(&bytes)
+                .map_err(|e| format!("op-log batch {id}: {e}"))?;
+            last = id;
+        }
+    }
+    if last != prefix.batch_id || replayer.applied_seq() != prefix.last_seq {
+        return Err(format!(
+            "op-log ends at batch {last} sequence {} but its prefix says batch {} sequence {}",
+            replayer.applied_seq(),
+            prefix.batch_id,
+            prefix.last_seq
+        ));
+    }
+    tracing::info!(
+        "op-log read: {} batches, {} entries",
+        prefix.batch_id,
+        prefix.last_seq
+    );
+    Ok(LogStart {
+        prefix: Some(prefix),
+        state: Some(scratch.export_state()),
+    })
+}
+
+/// The running op-log of a master (see the module doc).
+#[derive(Debug)]
+pub struct OpLogHandle {
+    sink: Arc<OpLogSink>,
+    writer: Mutex<Option<OpLogWriter>>,
+    ack: OpLogAck,
+    timeout: Duration,
+}
+
+impl OpLogHandle {
+    /// Installs the sink on `master` (numbering from the prefix) and starts the writer. Call it
+    /// before the master serves.
+    pub fn start(
+        master: &MasterService,
+        settings: &OpLogSettings,
+        prefix: Option<Prefix>,
+    ) -> Result<Arc<OpLogHandle>, String> {
+        let sink = Arc::new(OpLogSink::new(prefix.map_or(0, |p| p.last_seq)));
+        master
+            .set_observer(sink.clone())
+            .map_err(|e| e.to_string())?;
+        let writer = OpLogWriter::start(
+            sink.clone(),
+            WriterConfig {
+                endpoints: settings.endpoints.clone(),
+                root: oplog_root(&settings.cluster_id),
+                view: 1,
+                start: prefix,
+                call_timeout: CALL_TIMEOUT,
+            },
+        )
+        .map_err(|e| format!("cannot start the op-log writer: {e}"))?;
+        Ok(Arc::new(OpLogHandle {
+            sink,
+            writer: Mutex::new(Some(writer)),
+            ack: settings.ack,
+            timeout: settings.ack_timeout,
+        }))
+    }
+
+    pub fn sink(&self) -> &Arc<OpLogSink> {
+        &self.sink
+    }
+
+    /// Before a mutating call: refuses it while etcd is unreachable or this master is fenced.
+    pub fn gate(&self) -> Result<(), ErrorCode> {
+        match self.sink.health() {
+            WriterHealth::Healthy => Ok(()),
+            WriterHealth::Retrying => Err(ErrorCode::ETCD_OPERATION_ERROR),
+            WriterHealth::Fenced => Err(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS),
+        }
+    }
+
+    /// After a mutating call that succeeded: waits as its class and the mode say.
+    pub fn ack(&self, class: AckClass) -> Result<(), ErrorCode> {
+        if class == AckClass::Ack && self.ack == OpLogAck::Visible {
+            return Ok(());
+        }
+        let target = self.sink.assigned_seq();
+        if self.sink.durable_seq() >= target {
+            return Ok(());
+        }
+        let wait = || self.sink.wait_durable(target, self.timeout);
+        let result = match tokio::runtime::Handle::try_current() {
+            Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
+                tokio::task::block_in_place(wait)
+            }
+            _ => wait(),
+        };
+        result.map_err(|e| match e {
+            AckError::Unavailable => ErrorCode::ETCD_OPERATION_ERROR,
+            AckError::Fenced => ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+        })
+    }
+
+    /// Waits (at most `timeout`) until everything observed is durable, then stops the writer.
+    pub fn stop(&self, timeout: Duration) {
+        let target = self.sink.assigned_seq();
+        if self.sink.wait_durable(target, timeout).is_err() {
+            tracing::warn!(
+                "op-log: entries up to {target} were not all durable at shutdown (durable: {})",
+                self.sink.durable_seq()
+            );
+        }
+        if let Some(w) = self.writer.lock().take() {
+            w.stop();
+        }
+    }
+}
