@@ -8,6 +8,7 @@
 //! master process, as `crates/cli` does.
 
 mod master;
+mod oplog;
 pub mod pingpong;
 pub mod scaling;
 mod snapshot;
@@ -21,6 +22,10 @@ use clap::Subcommand;
 pub enum BenchCommand {
     /// Master RPC over TCP: latency next to the ping-pong floor, throughput 1–64 in flight.
     Master(master::Args),
+    /// The op-log's floors and costs: raw etcd transaction latency (a real etcd started for the
+    /// run), then PutStart+PutEnd on a master without the op-log, with durable acks and with
+    /// visible acks, sequential and with 256 in flight.
+    Oplog(oplog::Args),
     /// Master snapshot in process: take time, bytes per object, restore time, and a reader's
     /// GetReplicaList p99 during the take next to its p99 without one.
     Snapshot(snapshot::Args),
@@ -62,6 +67,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::Transfer(args) => transfer::run(args),
         BenchCommand::Storage(args) => storage::run(args),
         BenchCommand::Master(args) => master::run(args),
+        BenchCommand::Oplog(args) => oplog::run(args),
         BenchCommand::Snapshot(args) => snapshot::run(args),
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::StorePeer(args) => store::run_peer(args),

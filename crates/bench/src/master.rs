@@ -31,13 +31,13 @@ pub struct Args {
     busy_poll_us: u64,
 }
 
-struct MasterChild {
+pub(crate) struct MasterChild {
     child: Child,
-    addr: SocketAddr,
+    pub(crate) addr: SocketAddr,
 }
 
 impl MasterChild {
-    fn start(extra: &[String]) -> anyhow::Result<MasterChild> {
+    pub(crate) fn start(extra: &[String]) -> anyhow::Result<MasterChild> {
         let exe = std::env::current_exe()?;
         let mut child = Command::new(exe)
             .arg("master")
@@ -83,7 +83,7 @@ impl Drop for MasterChild {
 }
 
 #[derive(Debug, Clone, Copy, PartialEq)]
-enum Op {
+pub(crate) enum Op {
     Exist,
     GetReplicaList,
     PutStartEnd,
@@ -108,7 +108,7 @@ impl Op {
     }
 }
 
-struct Ctx {
+pub(crate) struct Ctx {
     mc: MasterClient,
     client: ClientId,
     keys: Vec<String>,
@@ -152,7 +152,7 @@ async fn one(ctx: &Ctx, op: Op, i: usize) -> anyhow::Result<()> {
 }
 
 /// Runs `op` with `inflight` concurrent callers for `seconds`; returns (ops, elapsed, latencies).
-async fn drive(
+pub(crate) async fn drive(
     ctx: Rc<Ctx>,
     op: Op,
     inflight: usize,
@@ -294,7 +294,11 @@ fn row(label: &str, lat: &Latency, floor: &Latency) {
     );
 }
 
-async fn setup(addr: SocketAddr, keys: usize, config: ClientConfig) -> anyhow::Result<Ctx> {
+pub(crate) async fn setup(
+    addr: SocketAddr,
+    keys: usize,
+    config: ClientConfig,
+) -> anyhow::Result<Ctx> {
     let mc = MasterClient::new(addr, config);
     let client = ClientId::random();
     mc.service_ready().await.context("master not answering")?;

@@ -9,7 +9,7 @@
 //! segment it names is left as far as the mutation got, and the master should be rebuilt from a
 //! snapshot rather than served.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
 use mooncake_common::{ErrorCode, SegmentId, TenantId};
@@ -25,10 +25,11 @@ use crate::mutation::{
     ReplicationKind, SegmentRecord,
 };
 use crate::object::{
-    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Replica, ReplicaData,
-    ReplicationTask, TaskKind, FLAG_HARD_PIN, FLAG_PROCESSING,
+    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, ObjectTimes, PendingSoftPin, Place,
+    Replica, ReplicaData, Replicas, ReplicationTask, TaskKind, FLAG_HARD_PIN, FLAG_PROCESSING,
 };
 use crate::quota::TenantAccount;
+use crate::writers::WriterId;
 
 /// Why a mutation could not be applied.
 #[derive(Debug, Clone, PartialEq, Eq, Error)]
@@ -142,12 +143,12 @@ impl MasterService {
                 len: h.len(),
             })
         };
-        Some(match &r.data {
-            ReplicaData::Memory(h) => ReplicaPlace::Memory(buffer(h)?),
-            ReplicaData::NoF(h) => ReplicaPlace::NoF(buffer(h)?),
-            ReplicaData::Disk(d) => ReplicaPlace::Disk((**d).clone()),
-            ReplicaData::LocalDisk(d) => ReplicaPlace::LocalDisk((**d).clone()),
-            ReplicaData::Dfs(d) => ReplicaPlace::Dfs((**d).clone()),
+        Some(match r.data.place() {
+            Place::Memory(h) => ReplicaPlace::Memory(buffer(h)?),
+            Place::NoF(h) => ReplicaPlace::NoF(buffer(h)?),
+            Place::Disk(d) => ReplicaPlace::Disk(d.clone()),
+            Place::LocalDisk(d) => ReplicaPlace::LocalDisk(d.clone()),
+            Place::Dfs(d) => ReplicaPlace::Dfs(d.clone()),
         })
     }
 
@@ -188,16 +189,16 @@ impl MasterService {
             })
             .collect();
         drop(leaving);
-        let mut replicas = SmallVec::<[Replica; 1]>::with_capacity(record.replicas.len());
+        let mut replicas = Replicas::new();
         for (rr, kept) in record.replicas.iter().zip(kept.iter_mut()) {
             let data = match kept.take() {
                 Some(r) => r.data,
                 None => match &rr.place {
                     ReplicaPlace::Memory(b) => ReplicaData::Memory(self.claim(b)?),
-                    ReplicaPlace::NoF(b) => ReplicaData::NoF(self.claim(b)?),
-                    ReplicaPlace::Disk(d) => ReplicaData::Disk(Box::new(d.clone())),
-                    ReplicaPlace::LocalDisk(d) => ReplicaData::LocalDisk(Box::new(d.clone())),
-                    ReplicaPlace::Dfs(d) => ReplicaData::Dfs(Box::new(d.clone())),
+                    ReplicaPlace::NoF(b) => ReplicaData::nof(self.claim(b)?),
+                    ReplicaPlace::Disk(d) => ReplicaData::disk(d.clone()),
+                    ReplicaPlace::LocalDisk(d) => ReplicaData::local_disk(d.clone()),
+                    ReplicaPlace::Dfs(d) => ReplicaData::dfs(d.clone()),
                 },
             };
             replicas.push(Replica {
@@ -240,7 +241,7 @@ impl MasterService {
         &self,
         record: &ObjectRecord,
         group: Option<&str>,
-        replicas: SmallVec<[Replica; 1]>,
+        replicas: Replicas,
         account: Option<Arc<TenantAccount>>,
         now_ms: u64,
     ) -> Box<ObjectEntry> {
@@ -266,6 +267,8 @@ impl MasterService {
                         pending_soft_pin,
                         account: account.clone(),
                         task,
+                        soft_pin_deadline_ms: 0,
+                        checksum_high: 0,
                     })
                 });
         let mut flags = 0;
@@ -276,20 +279,18 @@ impl MasterService {
             flags |= FLAG_HARD_PIN;
         }
         let mut meta = ObjectMetadata {
-            client_id: record.writer,
+            writer: WriterId::of(record.writer),
             size: record.size,
-            put_start_ms: record.put_start_ms,
-            lease_timeout_ms: AtomicU64::new(0),
+            times: ObjectTimes::new(record.put_start_ms, now_ms),
             read_pins: std::sync::atomic::AtomicU32::new(0),
-            last_access_ms: AtomicU64::new(now_ms),
-            soft_pin_deadline_ms: record.soft_pin_deadline_ms,
-            checksum: 0,
+            checksum_low: 0,
             flags,
             data_type: record.data_type,
             extra,
             replicas,
         };
         meta.set_checksum(record.checksum);
+        meta.set_soft_pin_deadline_ms(record.soft_pin_deadline_ms);
         if let Some(a) = &account {
             a.charge_unchecked(meta.charged_bytes());
         }

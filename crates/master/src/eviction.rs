@@ -237,7 +237,7 @@ impl MasterService {
                     }
                     c.base += 1;
                     if let Some((class, bytes)) = classify(m, now_ms, at) {
-                        let access = m.last_access_ms.load(Ordering::Relaxed);
+                        let access = m.last_access_ms();
                         match class {
                             Class::Plain => c.plain.push((access, bytes)),
                             Class::Soft => c.soft.push((access, bytes)),
@@ -267,7 +267,7 @@ impl MasterService {
         for e in state.objects.iter() {
             let Some(g) = e.meta.group() else { continue };
             let admitted = classify(&e.meta, now_ms, at).is_some_and(|(c, _)| sel.admits(c));
-            let access = e.meta.last_access_ms.load(Ordering::Relaxed);
+            let access = e.meta.last_access_ms();
             let slot = groups.entry(Box::from(g)).or_insert((true, u64::MAX));
             slot.0 &= admitted;
             slot.1 = slot.1.min(access);
@@ -320,7 +320,7 @@ impl MasterService {
                         None => {
                             // The access time first: most objects are newer than the cut-off
                             // and need no further look.
-                            let access = m.last_access_ms.load(Ordering::Relaxed);
+                            let access = m.last_access_ms();
                             res.objects < max_objects
                                 && access <= sel.cut_off_ms
                                 && classify(m, now_ms, at).is_some_and(|(c, _)| sel.admits(c))

@@ -21,7 +21,7 @@ use crate::mutation::{
     BufferRecord, ObjectRecord, PendingSoftPinRecord, ReplicaPlace, ReplicaRecord, ReplicationKind,
     ReplicationRecord,
 };
-use crate::object::{ObjectEntry, ReplicaData, TaskKind, FLAG_HARD_PIN};
+use crate::object::{ObjectEntry, Place, TaskKind, FLAG_HARD_PIN};
 use crate::segments::Segments;
 
 /// Where a replica lives, borrowed ([`ReplicaPlace`] without the copies).
@@ -116,18 +116,18 @@ impl<'a> ObjectView<'a> {
                     len: h.len(),
                 })
             };
-            let place = match &r.data {
-                ReplicaData::Memory(h) => match buffer(h) {
+            let place = match r.data.place() {
+                Place::Memory(h) => match buffer(h) {
                     Some(b) => PlaceView::Memory(b),
                     None => continue,
                 },
-                ReplicaData::NoF(h) => match buffer(h) {
+                Place::NoF(h) => match buffer(h) {
                     Some(b) => PlaceView::NoF(b),
                     None => continue,
                 },
-                ReplicaData::Disk(d) => PlaceView::Disk(d),
-                ReplicaData::LocalDisk(d) => PlaceView::LocalDisk(d),
-                ReplicaData::Dfs(d) => PlaceView::Dfs(d),
+                Place::Disk(d) => PlaceView::Disk(d),
+                Place::LocalDisk(d) => PlaceView::LocalDisk(d),
+                Place::Dfs(d) => PlaceView::Dfs(d),
             };
             replicas.push(ReplicaView {
                 id: r.id,
@@ -150,11 +150,11 @@ impl<'a> ObjectView<'a> {
             checksum: m.checksum(),
             data_type: m.data_type,
             group: m.group(),
-            writer: m.client_id,
-            put_start_ms: m.put_start_ms,
+            writer: m.writer.client(),
+            put_start_ms: m.put_start_ms(),
             processing: m.is_processing(),
             hard_pin: m.has(FLAG_HARD_PIN),
-            soft_pin_deadline_ms: m.soft_pin_deadline_ms,
+            soft_pin_deadline_ms: m.soft_pin_deadline_ms(),
             pending_soft_pin: extra.and_then(|e| e.pending_soft_pin).map(|p| {
                 PendingSoftPinRecord {
                     action: p.action,

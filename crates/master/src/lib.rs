@@ -70,6 +70,7 @@ mod tasks_rpc;
 mod tenants;
 mod unverified;
 mod upsert;
+mod writers;
 
 pub use apply::ApplyError;
 pub use audit::AccountingReport;

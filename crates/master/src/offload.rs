@@ -24,8 +24,6 @@
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 
-use smallvec::SmallVec;
-
 use mooncake_common::{
     ClientId, DiskObject, ErrorCode, LocalDiskDescriptor, OffloadOutcome, OffloadTask, ReplicaId,
     ReplicaStatus,
@@ -33,7 +31,10 @@ use mooncake_common::{
 
 use crate::handle::MasterService;
 use crate::index::{key_hash, Tenant};
-use crate::object::{ObjectEntry, ObjectKey, ObjectMetadata, Replica, ReplicaData};
+use crate::object::{
+    ObjectEntry, ObjectKey, ObjectMetadata, ObjectTimes, Place, Replica, ReplicaData, Replicas,
+};
+use crate::writers::WriterId;
 
 /// One node's mounted disk.
 #[derive(Debug)]
@@ -193,7 +194,7 @@ impl MasterService {
     /// mounted. True when the object has one afterwards.
     fn add_local_disk(&self, m: &mut ObjectMetadata, client: ClientId) -> bool {
         let owned =
-            |r: &Replica| matches!(&r.data, ReplicaData::LocalDisk(d) if d.client_id == client);
+            |r: &Replica| matches!(r.data.place(), Place::LocalDisk(d) if d.client_id == client);
         if m.replicas.iter().any(owned) {
             return true;
         }
@@ -211,11 +212,11 @@ impl MasterService {
             status: ReplicaStatus::COMPLETE,
             refcnt: 0,
             unverified: false,
-            data: ReplicaData::LocalDisk(Box::new(LocalDiskDescriptor {
+            data: ReplicaData::local_disk(LocalDiskDescriptor {
                 client_id: client,
                 object_size: m.size,
                 transport_endpoint: endpoint,
-            })),
+            }),
         });
         true
     }
@@ -253,7 +254,7 @@ impl MasterService {
         }
         if m.replicas
             .iter()
-            .any(|r| matches!(r.data, ReplicaData::LocalDisk(_)))
+            .any(|r| matches!(r.data.place(), Place::LocalDisk(_)))
         {
             return false;
         }
@@ -344,18 +345,15 @@ impl MasterService {
             None => {
                 let now = self.clock.now_ms();
                 let mut meta = ObjectMetadata {
-                    client_id: client,
+                    writer: WriterId::of(client),
                     size: o.size,
-                    put_start_ms: now,
-                    lease_timeout_ms: AtomicU64::new(0),
+                    times: ObjectTimes::new(now, now),
                     read_pins: AtomicU32::new(0),
-                    last_access_ms: AtomicU64::new(now),
-                    soft_pin_deadline_ms: 0,
-                    checksum: 0,
+                    checksum_low: 0,
                     flags: 0,
                     data_type: mooncake_common::config::DATA_TYPE_UNKNOWN,
                     extra: None,
-                    replicas: SmallVec::new(),
+                    replicas: Replicas::new(),
                 };
                 if !self.add_local_disk(&mut meta, client) {
                     return Err(ErrorCode::SEGMENT_NOT_FOUND);
@@ -391,7 +389,7 @@ impl MasterService {
                 self.edit_entry(&mut shard, tenant, hash, &o.key, |m, edit| {
                     let before = m.replicas.len();
                     m.replicas.retain(
-                        |r| !matches!(&r.data, ReplicaData::LocalDisk(d) if d.client_id == client),
+                        |r| !matches!(r.data.place(), Place::LocalDisk(d) if d.client_id == client),
                     );
                     if m.replicas.len() != before {
                         self.offload_counters
@@ -448,7 +446,7 @@ impl ObjectMetadata {
     pub(crate) fn drop_local_disk_of(&mut self, dead: &[ClientId]) -> bool {
         let before = self.replicas.len();
         self.replicas.retain(
-            |r| !matches!(&r.data, ReplicaData::LocalDisk(d) if dead.contains(&d.client_id)),
+            |r| !matches!(r.data.place(), Place::LocalDisk(d) if dead.contains(&d.client_id)),
         );
         self.replicas.len() != before
     }

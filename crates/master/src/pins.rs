@@ -29,8 +29,8 @@ impl MasterService {
             let hash = self.route(tenant, &e.key);
             let mut shard = self.index.shard(hash).write();
             let hit = self.edit_entry(&mut shard, tenant, hash, &e.key, |meta, edit| {
-                if meta.soft_pin_deadline_ms == e.deadline_ms {
-                    meta.soft_pin_deadline_ms = 0;
+                if meta.soft_pin_deadline_ms() == e.deadline_ms {
+                    meta.set_soft_pin_deadline_ms(0);
                     edit.changed();
                     true
                 } else {

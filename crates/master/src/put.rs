@@ -8,23 +8,23 @@
 //! observed). PutEnd and PutRevoke are `put_end.rs`; the discarded list and the reaper
 //! `put_timeouts.rs`.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::Ordering;
 
 use mooncake_common::{
     ClientId, ErrorCode, ReplicaDescriptor, ReplicaStatus, ReplicateConfig, SoftPinAction,
 };
 use parking_lot::RwLockWriteGuard;
-use smallvec::SmallVec;
 
 use crate::allocator::BufferHandle;
 use crate::handle::{MasterService, MAX_KEY_LEN_BYTES};
 use crate::index::{group_hash, key_hash, routed, shard_of, Shard, Tenant};
 use crate::object::{
-    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, PendingSoftPin, Replica, ReplicaData,
-    FLAG_HARD_PIN, FLAG_PROCESSING,
+    ObjectEntry, ObjectExtra, ObjectKey, ObjectMetadata, ObjectTimes, PendingSoftPin, Place,
+    Replica, ReplicaData, Replicas, FLAG_HARD_PIN, FLAG_PROCESSING,
 };
 use crate::quota::TenantAccount;
 use crate::strategy::{place, AllocationStrategy, PlacementRequest};
+use crate::writers::WriterId;
 
 /// Whether a start is a put (refuses live keys) or an upsert (rewrites them).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -262,13 +262,13 @@ impl MasterService {
                         if meta.has_complete() {
                             return Err(ErrorCode::OBJECT_ALREADY_EXISTS);
                         }
-                        if meta.put_start_ms.saturating_add(discard_ms) >= now {
+                        if meta.put_start_ms().saturating_add(discard_ms) >= now {
                             // Another write is in flight: nothing readable yet, and this put
                             // stores nothing. Not "already exists" (a client reports that as
                             // success), upstream's code for replicas still PROCESSING.
                             return Err(ErrorCode::REPLICA_IS_NOT_READY);
                         }
-                        let release_at = meta.put_start_ms.saturating_add(release_ms);
+                        let release_at = meta.put_start_ms().saturating_add(release_ms);
                         edit.discard(meta.take_replicas(), release_at);
                     }
                     StartMode::Upsert => {
@@ -292,7 +292,7 @@ impl MasterService {
                         // A disk copy holds the old value: it goes (the node's record is
                         // overwritten by the next offload, or evicted).
                         meta.replicas
-                            .retain(|r| !matches!(r.data, ReplicaData::LocalDisk(_)));
+                            .retain(|r| !matches!(r.data.place(), Place::LocalDisk(_)));
                         if meta.has_complete() {
                             if meta.size == start.args.slice_length {
                                 edit.changed();
@@ -302,7 +302,7 @@ impl MasterService {
                             }
                             carried.hard_pin = meta.has(FLAG_HARD_PIN);
                             if meta.soft_pinned(now) {
-                                carried.soft_pin_deadline_ms = meta.soft_pin_deadline_ms;
+                                carried.soft_pin_deadline_ms = meta.soft_pin_deadline_ms();
                             }
                             edit.discard(meta.take_replicas(), release_at);
                         }
@@ -402,7 +402,7 @@ impl MasterService {
         account: Option<std::sync::Arc<TenantAccount>>,
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let (args, config, key) = (start.args, start.args.config, start.args.key);
-        let replicas: SmallVec<[Replica; 1]> = handles
+        let replicas: Replicas = handles
             .into_iter()
             .map(|h| Replica {
                 id: self.next_replica_id(),
@@ -424,29 +424,31 @@ impl MasterService {
                     pending_soft_pin: start.pending_soft_pin,
                     account,
                     task: None,
+                    soft_pin_deadline_ms: 0,
+                    checksum_high: 0,
                 })
             });
         let mut flags = FLAG_PROCESSING;
         if config.with_hard_pin || carried.hard_pin {
             flags |= FLAG_HARD_PIN;
         }
-        let entry = Box::new(ObjectEntry {
+        let mut entry = Box::new(ObjectEntry {
             key: ObjectKey::new(key),
             meta: ObjectMetadata {
-                client_id: start.client,
+                writer: WriterId::of(start.client),
                 size: args.slice_length,
-                put_start_ms: start.now_ms,
-                lease_timeout_ms: AtomicU64::new(0),
+                times: ObjectTimes::new(start.now_ms, start.now_ms),
                 read_pins: std::sync::atomic::AtomicU32::new(0),
-                last_access_ms: AtomicU64::new(start.now_ms),
-                soft_pin_deadline_ms: carried.soft_pin_deadline_ms,
-                checksum: 0,
+                checksum_low: 0,
                 flags,
                 data_type: config.data_type,
                 extra,
                 replicas,
             },
         });
+        entry
+            .meta
+            .set_soft_pin_deadline_ms(carried.soft_pin_deadline_ms);
         let mut shard = match held {
             Some(guard) => guard,
             None => self.index.shard(hash).write(),
@@ -474,8 +476,8 @@ impl MasterService {
                 r.unverified = false;
             }
         }
-        meta.client_id = start.client;
-        meta.put_start_ms = start.now_ms;
+        meta.writer = WriterId::of(start.client);
+        meta.times.set_put_start_ms(start.now_ms);
         meta.set(FLAG_PROCESSING, true);
         if start.args.config.with_hard_pin {
             meta.set(FLAG_HARD_PIN, true);

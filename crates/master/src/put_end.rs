@@ -72,10 +72,10 @@ impl MasterService {
                 match pin.action {
                     SoftPinAction::Enable if pin.ttl_ms > 0 => {
                         let deadline = now.saturating_add(pin.ttl_ms);
-                        m.soft_pin_deadline_ms = deadline;
+                        m.set_soft_pin_deadline_ms(deadline);
                         pin_deadline = Some(deadline);
                     }
-                    SoftPinAction::Enable | SoftPinAction::Disable => m.soft_pin_deadline_ms = 0,
+                    SoftPinAction::Enable | SoftPinAction::Disable => m.set_soft_pin_deadline_ms(0),
                     SoftPinAction::Preserve => {}
                 }
                 m.compact_extra();

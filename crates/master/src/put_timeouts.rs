@@ -111,7 +111,7 @@ impl MasterService {
                         report.reaped_tasks += 1;
                     }
                     let mut stale = Removed::new();
-                    let release_at = meta.put_start_ms.saturating_add(release_ms);
+                    let release_at = meta.put_start_ms().saturating_add(release_ms);
                     if meta.is_processing() && release_at <= now {
                         stale = meta.extract_replicas(|r| r.status == ReplicaStatus::PROCESSING);
                         meta.set(FLAG_PROCESSING, false);

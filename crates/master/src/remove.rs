@@ -207,7 +207,7 @@ impl MasterService {
         let mut cleared = vec![false; keys.len()];
         self.for_each_key_locked(tenant, keys, |i, shard, hash, key| {
             let done = self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {
-                if meta.client_id != client
+                if !meta.writer.is(client)
                     || meta.is_leased(now)
                     || meta.is_read_pinned(self.read_epoch(now))
                     || meta.has_task()

@@ -196,7 +196,7 @@ impl MasterService {
         f: impl FnOnce(&mut ObjectMetadata, &mut Edit) -> Result<R, ErrorCode>,
     ) -> Result<R, ErrorCode> {
         self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {
-            if meta.client_id != client {
+            if !meta.writer.is(client) {
                 return Err(ErrorCode::ILLEGAL_CLIENT);
             }
             f(meta, edit)

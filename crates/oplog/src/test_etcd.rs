@@ -1,5 +1,5 @@
-//! For tests: a real single-member etcd (the `etcd` binary of Debian's etcd-server) on free
-//! loopback ports with a temporary data directory, stopped by PID (SIGKILL) when dropped or
+//! For tests: a real etcd (the `etcd` binary of Debian's etcd-server), one member or a cluster,
+//! on free loopback ports with a temporary data directory per member, stopped by PID (SIGKILL) when dropped or
 //! killed, restartable on the same ports and data. Every failure to set it up panics: it is
 //! test scaffolding.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
@@ -13,6 +13,9 @@ use std::time::{Duration, Instant};
 pub struct EtcdServer {
     pub client_port: u16,
     peer_port: u16,
+    name: String,
+    /// `--initial-cluster`: every member's name and peer URL.
+    initial_cluster: String,
     dir: tempfile::TempDir,
     child: Option<Child>,
 }
@@ -26,15 +29,45 @@ fn free_port() -> u16 {
 }
 
 impl EtcdServer {
+    /// One member.
     pub fn start() -> EtcdServer {
+        let peer_port = free_port();
         let mut s = EtcdServer {
             client_port: free_port(),
-            peer_port: free_port(),
+            peer_port,
+            name: "default".into(),
+            initial_cluster: format!("default=http://127.0.0.1:{peer_port}"),
             dir: tempfile::tempdir().unwrap(),
             child: None,
         };
         s.restart();
         s
+    }
+
+    /// A cluster of `n` members, all started and healthy.
+    pub fn start_cluster(n: usize) -> Vec<EtcdServer> {
+        let peers: Vec<u16> = (0..n).map(|_| free_port()).collect();
+        let initial_cluster = peers
+            .iter()
+            .enumerate()
+            .map(|(i, p)| format!("m{i}=http://127.0.0.1:{p}"))
+            .collect::<Vec<_>>()
+            .join(",");
+        let mut members: Vec<EtcdServer> = peers
+            .iter()
+            .enumerate()
+            .map(|(i, &peer_port)| EtcdServer {
+                client_port: free_port(),
+                peer_port,
+                name: format!("m{i}"),
+                initial_cluster: initial_cluster.clone(),
+                dir: tempfile::tempdir().unwrap(),
+                child: None,
+            })
+            .collect();
+        members.iter_mut().for_each(EtcdServer::spawn);
+        members.iter().for_each(EtcdServer::wait_healthy);
+        members
     }
 
     pub fn endpoint(&self) -> String {
@@ -47,6 +80,11 @@ impl EtcdServer {
 
     /// Starts the process (again) on the same ports and data, and waits until it answers.
     pub fn restart(&mut self) {
+        self.spawn();
+        self.wait_healthy();
+    }
+
+    fn spawn(&mut self) {
         assert!(self.child.is_none());
         let c = format!("http://127.0.0.1:{}", self.client_port);
         let p = format!("http://127.0.0.1:{}", self.peer_port);
@@ -61,12 +99,16 @@ impl EtcdServer {
                 "--initial-advertise-peer-urls",
                 &p,
             ])
-            .arg(format!("--initial-cluster=default={p}"))
+            .args(["--name", &self.name])
+            .arg(format!("--initial-cluster={}", self.initial_cluster))
             .stdout(Stdio::null())
             .stderr(log)
             .spawn()
             .expect("etcd must be installed (Debian etcd-server; scripts/test installs it)");
         self.child = Some(child);
+    }
+
+    fn wait_healthy(&self) {
         let deadline = Instant::now() + Duration::from_secs(60);
         while Instant::now() < deadline {
             if health(self.client_port) {

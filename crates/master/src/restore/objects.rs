@@ -14,7 +14,7 @@ use crate::deferred::DiscardedBuffers;
 use crate::handle::MasterService;
 use crate::index::{group_hash, key_hash, routed, shard_of, Tenant, SHARD_COUNT};
 use crate::mutation::{DiscardedRecord, ObjectRecord, ReplicaPlace};
-use crate::object::{ObjectEntry, Replica, ReplicaData};
+use crate::object::{ObjectEntry, Place, Replica, ReplicaData, Replicas};
 use crate::unverified::{PendingReplica, PendingSegment, VerificationStats};
 
 /// A restored object on its way into its shard: tenant, routing hash, entry.
@@ -74,7 +74,7 @@ impl Placed {
 
 /// One object's replicas, rebuilt.
 struct Rebuilt {
-    replicas: SmallVec<[Replica; 1]>,
+    replicas: Replicas,
     /// Some replica lost an overlap.
     lost_to_overlap: bool,
     unverified: SmallVec<[Unverified; 2]>,
@@ -91,7 +91,7 @@ fn rebuild_replicas(
     in_flight: &mut Vec<BufferHandle>,
 ) -> Rebuilt {
     let mut out = Rebuilt {
-        replicas: SmallVec::new(),
+        replicas: Replicas::new(),
         lost_to_overlap: false,
         unverified: SmallVec::new(),
     };
@@ -113,16 +113,16 @@ fn rebuild_replicas(
                     }
                 }
                 match rr.place {
-                    ReplicaPlace::NoF(_) => ReplicaData::NoF(h),
+                    ReplicaPlace::NoF(_) => ReplicaData::nof(h),
                     _ => ReplicaData::Memory(h),
                 }
             }
             _ if !complete => continue,
-            ReplicaPlace::Disk(d) => ReplicaData::Disk(Box::new(d.clone())),
-            ReplicaPlace::LocalDisk(d) => ReplicaData::LocalDisk(Box::new(d.clone())),
-            ReplicaPlace::Dfs(d) => ReplicaData::Dfs(Box::new(d.clone())),
+            ReplicaPlace::Disk(d) => ReplicaData::disk(d.clone()),
+            ReplicaPlace::LocalDisk(d) => ReplicaData::local_disk(d.clone()),
+            ReplicaPlace::Dfs(d) => ReplicaData::dfs(d.clone()),
         };
-        let on_segment = matches!(data, ReplicaData::Memory(_) | ReplicaData::NoF(_));
+        let on_segment = matches!(data.place(), Place::Memory(_) | Place::NoF(_));
         out.replicas.push(Replica {
             id: rr.id,
             status: ReplicaStatus::COMPLETE,
