@@ -11,9 +11,9 @@ the ports are set).
     python python/bench/prefix_replay.py [--turns 6000] [--segment 128MB] [--block 64KB]
         [--sessions 400] [--zipf 1.0] [--lookup get|exist] [-- extra master flags]
 
-`--lookup exist` asks `batch_is_exist` first (upstream's full read lease on every hit), to show
-what the lease costs. Needs the mooncake_rs package (python/run_tests.sh). Prints the hit rates
-and their ratio.
+`--lookup exist` asks `batch_is_exist` first, as SGLang and LMCache do (each hit is held until
+the next lookup; upstream holds it for the whole 10 s lease). Needs the mooncake_rs package
+(python/run_tests.sh). Prints the hit rates and their ratio.
 """
 
 import argparse

@@ -777,8 +777,8 @@ impl Store {
 
     // ----- metadata ----------------------------------------------------------------------------
 
-    /// 1 if the key is readable (and grants the read lease that protects it until it is read),
-    /// 0 if missing or still being written, a negative code on error.
+    /// 1 if the key is readable (and protects it until this store's next lookup, which loads
+    /// it), 0 if missing or still being written, a negative code on error.
     fn is_exist(&self, py: Python<'_>, key: &str) -> i32 {
         let Some(conn) = self.conn() else {
             return NOT_READY;

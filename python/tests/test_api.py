@@ -276,7 +276,7 @@ def test_batch_replica_clear(master, store, key):
     try:
         assert store.put(key + "/mine", b"v") == 0
         assert store.put(key + "/leased", b"v") == 0
-        assert store.is_exist(key + "/leased") == 1  # read lease now held
+        assert store.is_exist(key + "/leased") == 1  # held until this store's next lookup
         assert other.put(key + "/theirs", b"v") == 0
         cleared = store.batch_replica_clear(
             [key + "/mine", key + "/leased", key + "/theirs", key + "/missing"],

@@ -158,12 +158,19 @@ def test_a_writer_killed_mid_put_frees_its_key_and_space_after_its_client_ttl(ke
         m.stop()
 
 
-def test_is_exist_grants_the_read_lease(store, key):
+def test_is_exist_protects_the_key_until_the_next_lookup(store, key):
+    # A hit is protected between the lookup and the load, as upstream's lease, but only until
+    # this store's next lookup (which releases it), not for the whole 10 s lease.
     assert store.put(key, b"v") == 0
+    assert store.put(key + "/other", b"w") == 0
     assert store.is_exist(key) == 1
     assert store.remove(key) == OBJECT_HAS_LEASE  # protected between lookup and load
-    assert store.get(key) == b"v"
-    assert store.remove(key, force=True) == 0
+    assert store.get(key) == b"v"  # the load: releases the check (the get holds its own read)
+    assert store.batch_is_exist([key + "/other", key + "/missing"]) == [1, 0]  # releases the get
+    assert store.remove(key) == 0
+    assert store.remove(key + "/other") == OBJECT_HAS_LEASE
+    assert store.is_exist(key + "/missing") == 0
+    assert store.remove(key + "/other") == 0
 
 
 def test_a_finished_get_holds_nothing(store, key):
@@ -220,7 +227,7 @@ def test_remove_all_force_returns_the_count(master, key):
     try:
         for i in range(7):
             assert s.put("%s/%d" % (key, i), b"v") == 0
-        assert s.is_exist(key + "/0") == 1  # holds a lease: force is needed for it
+        assert s.is_exist(key + "/0") == 1  # held until the next lookup: force is needed for it
         assert s.remove_all(force=True) == 7
         assert s.remove_all(force=True) == 0
     finally:

@@ -342,12 +342,26 @@ async fn run_case(
 }
 
 struct Worker {
-    _child: KillOnDrop,
+    child: KillOnDrop,
     stdin: ChildStdin,
     stdout: BufReader<ChildStdout>,
 }
 
 impl Worker {
+    /// Closes stdin (the client closes its store and exits) and waits for the exit, for a
+    /// bounded time (then the drop kills it), so the master sees a clean goodbye rather than
+    /// a client to expire.
+    fn finish(mut self) {
+        drop(self.stdin);
+        let deadline = Instant::now() + Duration::from_secs(10);
+        while Instant::now() < deadline {
+            match self.child.0.try_wait() {
+                Ok(None) => std::thread::sleep(Duration::from_millis(5)),
+                _ => return,
+            }
+        }
+    }
+
     fn read_line(&mut self) -> anyhow::Result<String> {
         let mut line = String::new();
         if self.stdout.read_line(&mut line)? == 0 {
@@ -391,7 +405,7 @@ fn start_workers(args: &Args, master: &str, prefix: &str, n: usize) -> anyhow::R
         let stdin = child.0.stdin.take().context("client stdin")?;
         let stdout = BufReader::new(child.0.stdout.take().context("client stdout")?);
         workers.push(Worker {
-            _child: child,
+            child,
             stdin,
             stdout,
         });
@@ -573,6 +587,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             errors += row.errors;
             row.print();
         }
+        workers.into_iter().for_each(Worker::finish);
     }
     println!("load average at the end {}", load_average());
     let _ = rt.block_on(owner.close());

@@ -215,6 +215,36 @@ impl MasterClient {
         .await
     }
 
+    /// ExistKey with a read pin on a hit instead of the lease, releasing `release` first
+    /// (methods 54–55, docs/wire.md).
+    pub async fn exist_key_pinned(
+        &self,
+        key: &str,
+        tenant: &str,
+        release: Vec<String>,
+    ) -> Result<bool, MasterError> {
+        self.call(&m::ExistKeyPinned {
+            key: key.to_string(),
+            tenant: tenant.to_string(),
+            release,
+        })
+        .await
+    }
+
+    pub async fn batch_exist_key_pinned(
+        &self,
+        keys: Vec<String>,
+        tenant: &str,
+        release: Vec<String>,
+    ) -> Result<Vec<Result<bool, ErrorCode>>, MasterError> {
+        self.call(&m::BatchExistKeyPinned {
+            keys,
+            tenant: tenant.to_string(),
+            release,
+        })
+        .await
+    }
+
     pub async fn get_replica_list(
         &self,
         key: &str,

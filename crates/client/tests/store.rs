@@ -2,8 +2,17 @@
 //! transfer engines (shared memory between them, or TCP when forced), moving real bytes.
 #![allow(clippy::unwrap_used)]
 
+use std::sync::atomic::Ordering;
+use std::sync::Arc;
+
+use bytes::BytesMut;
 use mooncake_client::{PutOutcome, StoreClient, StoreConfig, StoreError};
-use mooncake_common::{ErrorCode, ReplicateConfig};
+use mooncake_common::{ErrorCode, ReplicateConfig, SystemClock};
+use mooncake_master::{MasterService, MasterServiceConfig};
+use mooncake_proto::limits::Limits;
+use mooncake_rpc::{Handler, HandlerError, RpcServer, ServerConfig};
+use mooncake_server::metrics::RpcMetrics;
+use mooncake_server::rpc_dispatch::MasterRpc;
 use mooncake_server::{MasterConfig, RunningMaster};
 use mooncake_transfer::TransportMode;
 
@@ -634,4 +643,144 @@ async fn a_finished_get_releases_its_object_and_descriptor_reads_keep_the_lease(
     );
     c.remove("c", true).await.unwrap();
     c.close().await.unwrap();
+}
+
+/// An existence check protects each hit until this client's next lookup (the load it
+/// announces), which releases it: the heartbeat leaves it held, and it is not upstream's 10 s
+/// lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existence_check_holds_its_hits_until_the_next_lookup() {
+    let master = start_master().await;
+    let c = node(&master, 16 << 20, TransportMode::Auto).await;
+    let one = ReplicateConfig::default();
+    for key in ["a", "b", "c"] {
+        c.put(key, &pattern(4096, 1), &one).await.unwrap();
+    }
+    assert!(c.is_exist("a").await.unwrap());
+    let held = c.remove("a", false).await.unwrap_err();
+    assert_eq!(
+        held.master_code(),
+        Some(ErrorCode::OBJECT_HAS_LEASE),
+        "{held}"
+    );
+    // Two heartbeats go by: a check's pin is not theirs to release.
+    let beats = || c.stats().heartbeats_ok.load(Ordering::Relaxed);
+    let start = beats();
+    let mut tries = 0;
+    while beats() < start + 2 {
+        tries += 1;
+        assert!(tries < 600, "no heartbeat in 60 s");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+    let held = c.remove("a", false).await.unwrap_err();
+    assert_eq!(
+        held.master_code(),
+        Some(ErrorCode::OBJECT_HAS_LEASE),
+        "{held}"
+    );
+    // The next check releases a; its own hit on b is held until the get of c.
+    let found = c.batch_is_exist(&["b", "missing"]).await.unwrap();
+    assert_eq!(found, vec![Ok(true), Ok(false)]);
+    c.remove("a", false).await.unwrap();
+    let held = c.remove("b", false).await.unwrap_err();
+    assert_eq!(
+        held.master_code(),
+        Some(ErrorCode::OBJECT_HAS_LEASE),
+        "{held}"
+    );
+    assert_eq!(c.get("c").await.unwrap(), pattern(4096, 1));
+    c.remove("b", false).await.unwrap();
+    assert!(!c.is_exist("a").await.unwrap());
+    c.close().await.unwrap();
+    master.shutdown().await;
+}
+
+/// A master that predates some of our methods: it answers the ids in `lacks` as an old master
+/// does (`NOT_SUPPORTED`, "unknown method id") and serves the rest.
+struct OlderMaster {
+    rpc: MasterRpc,
+    lacks: std::ops::RangeInclusive<u16>,
+}
+
+impl Handler for OlderMaster {
+    fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        if self.lacks.contains(&method) {
+            return Err(HandlerError::new(
+                ErrorCode::NOT_SUPPORTED,
+                format!("unknown method id {method}"),
+            ));
+        }
+        self.rpc.handle(method, body, out)
+    }
+}
+
+async fn older_master(lacks: std::ops::RangeInclusive<u16>) -> RpcServer {
+    let core = MasterService::new(MasterServiceConfig::default(), Arc::new(SystemClock::new()));
+    let rpc = MasterRpc::new(
+        Arc::new(core.unwrap()),
+        Arc::new(RpcMetrics::default()),
+        Limits::default(),
+    );
+    let handler = Arc::new(OlderMaster { rpc, lacks });
+    let addr = "127.0.0.1:0".parse().unwrap();
+    RpcServer::bind(addr, handler, ServerConfig::default())
+        .await
+        .unwrap()
+}
+
+/// Our client with a master that lacks the read-pin methods (50–55: upstream's, or an older
+/// one of ours) or only the pinned existence checks (54–55): every read and check works, and
+/// what the master cannot pin it leases, as upstream.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reads_and_checks_fall_back_to_the_lease_on_a_master_without_read_pins() {
+    for lacks in [50..=55, 54..=55] {
+        let server = older_master(lacks.clone()).await;
+        let c = StoreClient::connect(StoreConfig {
+            master_addr: server.local_addr().to_string(),
+            local_hostname: "127.0.0.1".into(),
+            global_segment_size: 16 << 20,
+            ..StoreConfig::default()
+        })
+        .await
+        .unwrap();
+        let one = ReplicateConfig::default();
+        for key in ["a", "b", "c", "d"] {
+            c.put(key, &pattern(4096, 2), &one).await.unwrap();
+        }
+        for _ in 0..2 {
+            assert!(c.is_exist("a").await.unwrap(), "{lacks:?}");
+            let found = c.batch_is_exist(&["b", "missing"]).await.unwrap();
+            assert_eq!(found, vec![Ok(true), Ok(false)], "{lacks:?}");
+            assert_eq!(c.get("c").await.unwrap(), pattern(4096, 2), "{lacks:?}");
+            let got = c.get_batch(&["d", "missing"]).await;
+            assert!(got[0].as_ref().is_ok_and(|v| *v == pattern(4096, 2)));
+            assert!(got[1].is_err(), "{lacks:?}");
+        }
+        // Checks took the lease: a plain remove is refused, as upstream.
+        for key in ["a", "b"] {
+            let leased = c.remove(key, false).await.unwrap_err();
+            assert_eq!(
+                leased.master_code(),
+                Some(ErrorCode::OBJECT_HAS_LEASE),
+                "{lacks:?}"
+            );
+        }
+        // Reads are pinned and released by the next lookup where the master serves it, else
+        // leased.
+        c.get("a").await.unwrap();
+        let read = c.remove("c", false).await;
+        if *lacks.start() == 50 {
+            let leased = read.unwrap_err();
+            assert_eq!(
+                leased.master_code(),
+                Some(ErrorCode::OBJECT_HAS_LEASE),
+                "{lacks:?}"
+            );
+        } else {
+            read.unwrap();
+            c.remove("d", false).await.unwrap();
+        }
+        c.close().await.unwrap();
+        server.shutdown().await;
+    }
 }

@@ -50,7 +50,7 @@ impl MasterService {
         Ok(out)
     }
 
-    fn has_readable(meta: &ObjectMetadata) -> bool {
+    pub(crate) fn has_readable(meta: &ObjectMetadata) -> bool {
         meta.size > 0 && meta.replicas.iter().any(Replica::is_readable)
     }
 
@@ -210,20 +210,32 @@ impl MasterService {
         out
     }
 
-    /// ExistKey: true iff the object has a readable replica; true grants the read lease. A
-    /// missing key is `Ok(false)`.
+    /// ExistKey: true iff the object has a readable replica; true grants the read lease (as
+    /// upstream: it protects the load that follows). A missing key is `Ok(false)`.
     pub fn exist_key(&self, key: &str, tenant: &str) -> Result<bool, ErrorCode> {
-        let tenant = self.resolve_tenant(tenant)?;
-        let hash = self.route(tenant, key);
-        let shard = self.index.shard(hash).read();
-        let state = shard.tenant(tenant);
-        Ok(state
-            .and_then(|s| s.find(hash, key))
-            .is_some_and(|e| self.exist_entry(state, e, self.clock.now_ms())))
+        match self.read_entry(key, tenant, |state, entry| {
+            Ok(self.exist_entry(state, entry, self.clock.now_ms()))
+        }) {
+            Err(ErrorCode::OBJECT_NOT_FOUND) => Ok(false),
+            other => other,
+        }
     }
 
     /// BatchExistKey: ExistKey per key, in input order, each shard locked once.
     pub fn batch_exist_key(&self, keys: &[String], tenant: &str) -> Vec<Result<bool, ErrorCode>> {
+        self.batch_exist_with(keys, tenant, |state, entry, now| {
+            self.exist_entry(state, entry, now)
+        })
+    }
+
+    /// `exist` on every key's entry (in input order, each shard locked once); a missing key is
+    /// `Ok(false)`, an unknown tenant fails every key.
+    pub(crate) fn batch_exist_with(
+        &self,
+        keys: &[String],
+        tenant: &str,
+        mut exist: impl FnMut(Option<&TenantState>, &ObjectEntry, u64) -> bool,
+    ) -> Vec<Result<bool, ErrorCode>> {
         let tenant = match self.resolve_tenant(tenant) {
             Ok(t) => t,
             Err(code) => return vec![Err(code); keys.len()],
@@ -231,7 +243,7 @@ impl MasterService {
         let now = self.clock.now_ms();
         let mut out = vec![Ok(false); keys.len()];
         self.for_each_by_shard(tenant, keys, |i, state, entry| {
-            out[i] = Ok(entry.is_some_and(|e| self.exist_entry(state, e, now)));
+            out[i] = Ok(entry.is_some_and(|e| exist(state, e, now)));
         });
         out
     }

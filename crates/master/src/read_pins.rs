@@ -6,7 +6,9 @@
 //! (piggybacked on its next pinned read, or sent on its own with the heartbeat). Eviction and
 //! Remove treat a held pin as a lease. A pin that is never released (the client died) lapses
 //! between one and one and a half lease TTLs after the object's last pin ([`ReadEpoch`]).
-//! Descriptor readers (GetReplicaList, ExistKey) keep the full lease.
+//! The pinned forms of ExistKey (methods 54–55) protect a hit the same way until the caller's
+//! next lookup, which carries the release. Descriptor readers (GetReplicaList) and upstream's
+//! ExistKey keep the full lease.
 
 use mooncake_common::{ErrorCode, GetReplicaListResponse};
 
@@ -62,6 +64,42 @@ impl MasterService {
         };
         let at = self.read_epoch(self.clock.now_ms());
         self.batch_lookup(tenant, keys, |_, entry, now| self.pin_entry(entry, now, at))
+    }
+
+    /// Whether the entry is readable; a hit takes a read pin (and counts as an access).
+    fn exist_pinned_entry(entry: &ObjectEntry, now_ms: u64, at: ReadEpoch) -> bool {
+        let found = Self::has_readable(&entry.meta);
+        if found {
+            entry.meta.pin_read(at);
+            entry.meta.touch(now_ms);
+        }
+        found
+    }
+
+    /// ExistKey for a lookup whose load follows: the same answer, but a hit takes a read pin
+    /// (released by the caller with its next lookup, the lease TTL as the backstop) instead of
+    /// the read lease. A missing key is `Ok(false)`.
+    pub fn exist_key_pinned(&self, key: &str, tenant: &str) -> Result<bool, ErrorCode> {
+        match self.read_entry(key, tenant, |_, entry| {
+            let now = self.clock.now_ms();
+            Ok(Self::exist_pinned_entry(entry, now, self.read_epoch(now)))
+        }) {
+            Err(ErrorCode::OBJECT_NOT_FOUND) => Ok(false),
+            other => other,
+        }
+    }
+
+    /// BatchExistKey with read pins on the hits ([`MasterService::exist_key_pinned`] per key, in
+    /// input order, each shard locked once).
+    pub fn batch_exist_key_pinned(
+        &self,
+        keys: &[String],
+        tenant: &str,
+    ) -> Vec<Result<bool, ErrorCode>> {
+        let at = self.read_epoch(self.clock.now_ms());
+        self.batch_exist_with(keys, tenant, |_, entry, now| {
+            Self::exist_pinned_entry(entry, now, at)
+        })
     }
 
     /// Releases one read pin of each key (a key named twice, twice). Keys that are gone or hold

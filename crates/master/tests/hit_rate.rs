@@ -13,7 +13,7 @@ use std::collections::{HashMap, VecDeque};
 
 use common::*;
 use mooncake_common::{ErrorCode, ObjectMeta, ReplicaType};
-use mooncake_master::MasterServiceConfig;
+use mooncake_master::{MasterService, MasterServiceConfig};
 
 const BLOCK_BYTES: u64 = 1024;
 const CAPACITY_BLOCKS: u64 = 2000;
@@ -90,6 +90,18 @@ enum Reads {
     Lease,
     /// Pinned GetReplicaList, released once the block is read (our client's gets).
     Pinned,
+    /// A pinned ExistKey first, released by the pinned read that follows (our client's
+    /// `is_exist` then `get`, as SGLang and LMCache look up).
+    ExistPinned,
+}
+
+/// A pinned GetReplicaList of `key`, released once the block is read: whether it was found.
+fn pinned_read(m: &MasterService, key: &str) -> bool {
+    let found = m.get_replica_list_pinned(key, "").is_ok();
+    if found {
+        m.release_reads(&[key.to_string()], "");
+    }
+    found
 }
 
 /// Replays the turns against a master with `config`; returns (hits, lookups, refused puts).
@@ -105,12 +117,13 @@ fn replay(turns: &[Vec<String>], config: MasterServiceConfig, reads: Reads) -> (
             let hit = prefix
                 && match reads {
                     Reads::Lease => m.get_replica_list(key, "").is_ok(),
-                    Reads::Pinned => {
-                        let found = m.get_replica_list_pinned(key, "").is_ok();
+                    Reads::Pinned => pinned_read(&m, key),
+                    Reads::ExistPinned => {
+                        let found = m.exist_key_pinned(key, "") == Ok(true);
                         if found {
                             m.release_reads(std::slice::from_ref(key), "");
                         }
-                        found
+                        found && pinned_read(&m, key)
                     }
                 };
             if hit {
@@ -213,16 +226,21 @@ fn with_default_settings_pinned_reads_reach_95_percent_of_an_ideal_lru() {
         (hits as f64 / lookups as f64, failed)
     };
     let (pinned, failed) = rate(Reads::Pinned);
+    let (checked, checked_failed) = rate(Reads::ExistPinned);
     let (leased, leased_failed) = rate(Reads::Lease);
     println!(
         "defaults: pinned reads {pinned:.4} ({:.3} of the ideal LRU {ideal:.4}, {failed} puts \
-         refused), leased reads {leased:.4} ({:.3}, {leased_failed} refused)",
+         refused), pinned checks then reads {checked:.4} ({:.3}, {checked_failed} refused), \
+         leased reads {leased:.4} ({:.3}, {leased_failed} refused)",
         pinned / ideal,
+        checked / ideal,
         leased / ideal
     );
-    assert_eq!(failed, 0);
-    assert!(
-        pinned >= 0.95 * ideal,
-        "pinned {pinned:.4} < 0.95 × ideal LRU {ideal:.4}"
-    );
+    assert_eq!((failed, checked_failed), (0, 0));
+    for (name, rate) in [("pinned", pinned), ("checked", checked)] {
+        assert!(
+            rate >= 0.95 * ideal,
+            "{name} {rate:.4} < 0.95 × ideal LRU {ideal:.4}"
+        );
+    }
 }

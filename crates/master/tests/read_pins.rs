@@ -113,3 +113,71 @@ fn remove_is_refused_while_a_read_runs_and_force_overrides() {
     m.get_replica_list("k3", "").unwrap();
     assert_eq!(m.remove("k3", false, ""), Err(ErrorCode::OBJECT_HAS_LEASE));
 }
+
+/// A pinned existence check holds its hits until the caller's next lookup releases them (not
+/// the 10 s lease): eviction cannot take them meanwhile, takes them in their turn after, and a
+/// check that is never released lapses with the lease TTL as the backstop.
+#[test]
+fn a_pinned_existence_check_holds_its_hits_until_released() {
+    let (clock, m) = full();
+    assert_eq!(m.exist_key_pinned("k0", ""), Ok(true));
+    let batch = m.batch_exist_key_pinned(&keys(&["k1", "missing", "k1"]), "");
+    assert_eq!(batch, vec![Ok(true), Ok(false), Ok(true)]);
+    assert_eq!(m.exist_key_pinned("missing", ""), Ok(false));
+    churn(&clock, &m, "a", 12);
+    assert!(
+        exists(&m, "k0") && exists(&m, "k1"),
+        "checked: held for the load"
+    );
+    assert_eq!(m.remove("k0", false, ""), Err(ErrorCode::OBJECT_HAS_LEASE));
+    // The next lookup's release list frees them (k1 was found twice: two pins).
+    assert_eq!(m.release_reads(&keys(&["k0", "k1", "k1"]), ""), 3);
+    assert!(m.now_ms() < T0_MS + LEASE_MS);
+    churn(&clock, &m, "b", 10);
+    assert!(
+        !exists(&m, "k0") && !exists(&m, "k1"),
+        "released: evicted at once"
+    );
+    // Never released: held within the TTL, gone after the backstop.
+    let (clock, m) = full();
+    assert_eq!(m.batch_exist_key_pinned(&keys(&["k0"]), ""), vec![Ok(true)]);
+    clock.advance(LEASE_MS - 100);
+    churn(&clock, &m, "a", 12);
+    assert!(exists(&m, "k0"), "within the TTL");
+    clock.advance(LEASE_MS / 2 + 100);
+    churn(&clock, &m, "b", 10);
+    assert!(!exists(&m, "k0"), "the backstop ran out");
+    assert_accounting(&m);
+}
+
+/// Upstream's ExistKey (what a foreign client sends) keeps the full read lease.
+#[test]
+fn a_plain_existence_check_keeps_the_lease() {
+    let (clock, m) = full();
+    assert_eq!(m.exist_key("k0", ""), Ok(true));
+    assert_eq!(m.batch_exist_key(&keys(&["k1"]), ""), vec![Ok(true)]);
+    assert_eq!(
+        m.release_reads(&keys(&["k0", "k1"]), ""),
+        2,
+        "no pin to release"
+    );
+    churn(&clock, &m, "a", 12);
+    assert!(exists(&m, "k0") && exists(&m, "k1"), "leased");
+    assert_eq!(m.remove("k1", false, ""), Err(ErrorCode::OBJECT_HAS_LEASE));
+    clock.advance(LEASE_MS);
+    churn(&clock, &m, "b", 10);
+    assert!(!exists(&m, "k0") && !exists(&m, "k1"));
+}
+
+/// Checks and reads of a missing object or with a bad tenant answer as upstream's ExistKey.
+#[test]
+fn pinned_existence_checks_answer_as_exist_key() {
+    let (_, m) = full();
+    let bad = "no such tenant \u{0}";
+    assert_eq!(m.exist_key_pinned("k0", bad), m.exist_key("k0", bad));
+    assert_eq!(
+        m.batch_exist_key_pinned(&keys(&["k0", "x"]), bad),
+        m.batch_exist_key(&keys(&["k0", "x"]), bad)
+    );
+    assert!(m.batch_exist_key_pinned(&[], "").is_empty());
+}

@@ -224,6 +224,15 @@ methods! {
     /// became suspected now. Ours: upstream places on a dead node until its client TTL ends.
     53 ReportTransferFailure { client: ClientId, endpoint: String } -> u64,
         limits(s, l) { check_key(&s.endpoint, l) };
+    /// ExistKey for a lookup whose load follows at once: a hit takes a read pin (released by
+    /// the caller's next lookup) instead of the read lease (docs/master.md "Read pins").
+    /// `release` as in `GetReplicaListPinned`. Ours.
+    54 ExistKeyPinned { key: String, tenant: String, release: Vec<String> } -> bool,
+        limits(s, l) { check_key(&s.key, l)?; check_keys(&s.release, l) };
+    /// BatchExistKey with read pins on the hits, releasing `release` first. Ours.
+    55 BatchExistKeyPinned { keys: Vec<String>, tenant: String, release: Vec<String> }
+        -> Vec<Result<bool, ErrorCode>>,
+        limits(s, l) { check_keys(&s.keys, l)?; check_keys(&s.release, l) };
     /// Mounts (or re-mounts) `client`'s local disk: readers ask `endpoint` (the node's disk
     /// server, `host:port`) for its LOCAL_DISK objects. UNABLE_OFFLOAD on a master without
     /// `enable_offload`.

@@ -31,6 +31,8 @@ pub fn max_request_frame_bytes(method: u16) -> usize {
         | m::GetReplicaListPinned::ID
         | m::BatchGetReplicaListPinned::ID
         | m::ReleaseReads::ID
+        | m::ExistKeyPinned::ID
+        | m::BatchExistKeyPinned::ID
         | m::BatchPutStart::ID
         | m::BatchPutEnd::ID
         | m::BatchPutRevoke::ID

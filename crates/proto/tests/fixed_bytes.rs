@@ -374,6 +374,8 @@ fn method_id_table_is_pinned() {
         (51, "BatchGetReplicaListPinned"),
         (52, "ReleaseReads"),
         (53, "ReportTransferFailure"),
+        (54, "ExistKeyPinned"),
+        (55, "BatchExistKeyPinned"),
         (60, "MountLocalDisk"),
         (61, "OffloadHeartbeat"),
         (62, "NotifyOffload"),

@@ -132,6 +132,19 @@ impl Handler for MasterRpc {
                 |r: &m::BatchExistKey| r.keys.len(),
                 |ms, r| Ok(ms.batch_exist_key(&r.keys, &r.tenant)),
             ),
+            m::ExistKeyPinned::ID => self.serve(body, out, |ms, r: &m::ExistKeyPinned| {
+                ms.release_reads(&r.release, &r.tenant);
+                ms.exist_key_pinned(&r.key, &r.tenant)
+            }),
+            m::BatchExistKeyPinned::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::BatchExistKeyPinned| r.keys.len(),
+                |ms, r| {
+                    ms.release_reads(&r.release, &r.tenant);
+                    Ok(ms.batch_exist_key_pinned(&r.keys, &r.tenant))
+                },
+            ),
             m::GetReplicaList::ID => self.serve_observed(
                 body,
                 out,

@@ -7,21 +7,45 @@ use super::read::object_size;
 use super::{StoreClient, StoreError};
 
 impl StoreClient {
-    /// Whether `key` is readable (grants a read lease when it is).
+    /// Whether `key` is readable. A hit is protected until this client's next lookup (a read
+    /// pin, `pins.rs`; the read lease with a master that lacks pinned checks).
     pub async fn is_exist(&self, key: &str) -> Result<bool, StoreError> {
-        Ok(self.inner.master.exist_key(key, self.tenant()).await?)
+        let (master, tenant) = (&self.inner.master, self.tenant());
+        let (found, pinned) = self
+            .check_exist(
+                async |release| master.exist_key_pinned(key, tenant, release).await,
+                async || master.exist_key(key, tenant).await,
+            )
+            .await?;
+        if found && pinned {
+            self.hold_exists([key]);
+        }
+        Ok(found)
     }
 
+    /// [`StoreClient::is_exist`] for many keys: one answer per key, in order.
     pub async fn batch_is_exist(
         &self,
         keys: &[&str],
     ) -> Result<Vec<Result<bool, ErrorCode>>, StoreError> {
-        let keys = owned(keys);
-        Ok(self
-            .inner
-            .master
-            .batch_exist_key(keys, self.tenant())
-            .await?)
+        let (master, tenant) = (&self.inner.master, self.tenant());
+        let (found, pinned) = self
+            .check_exist(
+                async |release| {
+                    let owned = owned(keys);
+                    master.batch_exist_key_pinned(owned, tenant, release).await
+                },
+                async || master.batch_exist_key(owned(keys), tenant).await,
+            )
+            .await?;
+        if pinned {
+            let hits = keys
+                .iter()
+                .zip(&found)
+                .filter(|(_, r)| matches!(r, Ok(true)));
+            self.hold_exists(hits.map(|(k, _)| *k));
+        }
+        Ok(found)
     }
 
     /// The object's size in bytes.

@@ -62,7 +62,7 @@ use parking_lot::Mutex;
 use std::collections::BTreeMap;
 use std::net::{SocketAddr, ToSocketAddrs};
 use std::ops::RangeInclusive;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicU8, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -201,6 +201,11 @@ struct Inner {
     finished_reads: Mutex<Vec<String>>,
     /// The master answered a pinned lookup `NOT_SUPPORTED` (it predates read pins).
     pins_unsupported: AtomicBool,
+    /// Keys an existence check pinned, released by the next pinned lookup (not the heartbeat:
+    /// the pin protects the load that follows the check) or at close (`pins.rs`).
+    held_exists: Mutex<Vec<String>>,
+    /// Whether the master serves pinned existence checks: `pins::UNKNOWN`, `SERVED`, `REFUSED`.
+    exist_pins: AtomicU8,
     /// RPC settings for peers' disk servers (the master's, with the resolved token).
     peer_rpc: ClientConfig,
     /// This node's disk tier, its server and the endpoint the master hands to readers.
@@ -375,6 +380,8 @@ impl StoreClient {
             stats: StoreStats::default(),
             finished_reads: Mutex::new(Vec::new()),
             pins_unsupported: AtomicBool::new(false),
+            held_exists: Mutex::new(Vec::new()),
+            exist_pins: AtomicU8::new(pins::UNKNOWN),
             peer_rpc: rpc,
             disk: disk.clone(),
             disk_server: Mutex::new(None),
