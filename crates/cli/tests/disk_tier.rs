@@ -9,7 +9,7 @@
 
 mod common;
 
-use common::{pattern, MasterProcess, StoreNode};
+use common::{pattern, MasterOptions, MasterProcess, StoreNode};
 use mooncake_client::{StoreClient, StoreConfig};
 use mooncake_common::{ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
@@ -153,6 +153,18 @@ async fn objects_beyond_memory_read_back_from_disk() {
     assert_eq!(s.queued, s.stored + s.refused + s.dropped, "{s:?}");
     assert_eq!(s.stored as usize, OBJECTS, "{s:?}");
     assert_eq!(s.disks, 1);
+    // The same at /metrics, with the disk hits of the reads above.
+    let (status, text) = common::http("GET", master.metrics, "/metrics", b"");
+    assert_eq!(status, 200);
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+            .unwrap_or_else(|| panic!("{name} missing"))
+    };
+    assert!(value("master_get_disk_hits_total") >= on_disk.len() as f64);
+    assert_eq!(value("master_offload_tasks_in_flight"), 0.0);
+    assert_eq!(value("master_offload_tasks_stored_total"), OBJECTS as f64);
+    assert_eq!(value("master_local_disks"), 1.0);
     c.close().await.unwrap();
 }
 
@@ -246,6 +258,89 @@ async fn a_killed_node_restarted_on_its_dir_serves_its_disk_objects() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(offload_stats(&c).await.advertised >= OBJECTS as u64);
+    c.close().await.unwrap();
+}
+
+/// A master restarted without a snapshot knows nothing; the node re-mounts its disk and
+/// re-advertises every object on it, so they are readable again (upstream's disk objects stayed
+/// unusable after a master restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_objects_are_readable_again_after_a_master_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let port = master.rpc.port();
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    drop(master);
+    let restarted = MasterProcess::spawn(MasterOptions {
+        port,
+        extra: &["--enable_offload=true"],
+        ..MasterOptions::default()
+    })
+    .unwrap_or_else(|status| panic!("master restart: {status}"));
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let mut ok = 0;
+        for i in 0..OBJECTS {
+            if let Ok(got) = c.get(&format!("obj/{i}")).await {
+                assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+                ok += 1;
+            }
+        }
+        if ok == OBJECTS {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "{ok} of {OBJECTS} readable after the restart"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert!(offload_stats(&c).await.advertised >= OBJECTS as u64);
+    drop(restarted);
+}
+
+/// Promotion on hit: a disk-only object read twice gets a memory replica again, filled by its
+/// node from its disk, and reads back byte-exact from memory.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_only_object_read_twice_is_promoted_to_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true", "--promotion_on_hit=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let victim = *disk_only(&c).await.first().expect("a disk-only object");
+    let key = format!("obj/{victim}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let got = c.get(&key).await.expect("read");
+        assert!(got == pattern(VALUE_BYTES, victim as u64 + 1));
+        let request = m::GetReplicaList {
+            key: key.clone(),
+            tenant: String::new(),
+        };
+        let replicas = c.master().call(&request).await.unwrap().replicas;
+        if replicas
+            .iter()
+            .any(|r| matches!(r.kind, ReplicaKind::Memory(_)))
+        {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never promoted: {replicas:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let reads_before = c.stats().offload_rpc_reads.load(Ordering::Relaxed);
+    let got = c.get(&key).await.expect("read from memory");
+    assert!(got == pattern(VALUE_BYTES, victim as u64 + 1));
+    assert_eq!(
+        c.stats().offload_rpc_reads.load(Ordering::Relaxed),
+        reads_before,
+        "a promoted object was read from disk"
+    );
+    let s = offload_stats(&c).await;
+    assert!(s.promoted >= 1, "{s:?}");
+    assert_eq!(s.promotion_failures, 0, "{s:?}");
     c.close().await.unwrap();
 }
 

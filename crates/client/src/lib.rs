@@ -19,9 +19,10 @@ pub mod store;
 
 pub use blocking::BlockingStoreClient;
 pub use master_client::{MasterClient, MasterError, WriteMode};
+/// The `StoreConfig::transport` choice, so users of the config need not name the transfer crate.
+pub use mooncake_storage::BackendKind;
 /// Page-aligned shared memory (a memfd mapping) the binding hands out as host memory.
 pub use mooncake_transfer::memory::Mapping as HostMemory;
-/// The `StoreConfig::transport` choice, so users of the config need not name the transfer crate.
 pub use mooncake_transfer::TransportMode;
 pub use store::{
     Access, DiskConfig, DiskStats, DiskTier, DrainReport, PutOutcome, RangeRead, RangeWrite,

@@ -43,6 +43,12 @@ pub struct MasterServiceConfig {
     pub offload_on_evict: bool,
     /// Offload tasks a node's mailbox holds (queued and not answered) (50 000).
     pub offloading_queue_limit: u64,
+    /// Disk-only objects read often get a memory replica again (false).
+    pub promotion_on_hit: bool,
+    /// Disk hits (count-min estimate) that admit a promotion (2).
+    pub promotion_admission_threshold: u32,
+    /// Promotions in flight at most, across nodes (50 000).
+    pub promotion_queue_limit: u32,
 }
 
 /// Default of [`MasterServiceConfig::put_start_evict_budget`]: a census of this many objects
@@ -67,6 +73,9 @@ impl Default for MasterServiceConfig {
             enable_offload: false,
             offload_on_evict: false,
             offloading_queue_limit: 50_000,
+            promotion_on_hit: false,
+            promotion_admission_threshold: 2,
+            promotion_queue_limit: 50_000,
         }
     }
 }

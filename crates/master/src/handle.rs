@@ -74,6 +74,8 @@ pub struct MasterService {
     /// Nodes' disks and their offload mailboxes (`offload.rs`).
     pub(crate) offload: Mutex<crate::offload::OffloadState>,
     pub(crate) offload_counters: crate::offload::OffloadCounters,
+    /// Disk hits per key, for promotion on hit (`promotion.rs`).
+    pub(crate) hit_sketch: Mutex<crate::promotion::HitSketch>,
 }
 
 impl fmt::Debug for MasterService {
@@ -133,6 +135,7 @@ impl MasterService {
             counters: crate::counters::MasterCounters::default(),
             offload: Mutex::new(Default::default()),
             offload_counters: Default::default(),
+            hit_sketch: Mutex::new(Default::default()),
         })
     }
 

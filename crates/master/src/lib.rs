@@ -48,6 +48,7 @@ pub mod mutation;
 mod object;
 mod offload;
 mod pins;
+mod promotion;
 mod put;
 mod put_end;
 mod put_timeouts;

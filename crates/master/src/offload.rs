@@ -46,12 +46,64 @@ struct DiskMount {
     /// `(tenant, key)` of every task queued or handed out and not answered yet → the pinned
     /// source replica.
     pending: HashMap<(String, String), ReplicaId>,
+    /// Promotion tasks not handed out yet, and those not answered yet → the target replica.
+    promotions: VecDeque<OffloadTask>,
+    promoting: HashMap<(String, String), ReplicaId>,
 }
 
 /// The disks of every node.
 #[derive(Debug, Default)]
 pub(crate) struct OffloadState {
     mounts: HashMap<ClientId, DiskMount>,
+}
+
+impl OffloadState {
+    /// Promotions in flight on every node.
+    pub(crate) fn mounts_promotions(&self) -> usize {
+        self.mounts.values().map(|d| d.promoting.len()).sum()
+    }
+
+    /// The promotions in flight of `client`'s disk, if mounted.
+    pub(crate) fn mount_of(
+        &self,
+        client: ClientId,
+    ) -> Option<&HashMap<(String, String), ReplicaId>> {
+        self.mounts.get(&client).map(|d| &d.promoting)
+    }
+
+    pub(crate) fn queue_promotion(
+        &mut self,
+        client: ClientId,
+        key: (String, String),
+        target: ReplicaId,
+        task: OffloadTask,
+    ) {
+        if let Some(d) = self.mounts.get_mut(&client) {
+            d.promoting.insert(key, target);
+            d.promotions.push_back(task);
+        }
+    }
+
+    pub(crate) fn take_promotions(
+        &mut self,
+        client: ClientId,
+        max: usize,
+    ) -> Result<Vec<OffloadTask>, ErrorCode> {
+        let d = self
+            .mounts
+            .get_mut(&client)
+            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+        let n = max.min(d.promotions.len());
+        Ok(d.promotions.drain(..n).collect())
+    }
+
+    pub(crate) fn finish_promotion(
+        &mut self,
+        client: ClientId,
+        key: &(String, String),
+    ) -> Option<ReplicaId> {
+        self.mounts.get_mut(&client)?.promoting.remove(key)
+    }
 }
 
 /// Offload bookkeeping counters (`/metrics`, and the conservation check: `queued = stored +
@@ -65,6 +117,9 @@ pub(crate) struct OffloadCounters {
     dropped: AtomicU64,
     disk_evicted: AtomicU64,
     advertised: AtomicU64,
+    pub(crate) promotions: AtomicU64,
+    pub(crate) promoted: AtomicU64,
+    pub(crate) promotion_failures: AtomicU64,
 }
 
 /// A snapshot of the offload counters.
@@ -84,9 +139,15 @@ pub struct OffloadStats {
     pub disks: u64,
     pub disk_capacity_bytes: u64,
     pub disk_used_bytes: u64,
+    /// Promotions started (a memory replica allocated for a disk-only object read often),
+    /// completed, failed, and in flight.
+    pub promotions: u64,
+    pub promoted: u64,
+    pub promotion_failures: u64,
+    pub promotions_in_flight: u64,
 }
 
-fn tenant_name(tenant: Tenant<'_>) -> String {
+pub(crate) fn tenant_name(tenant: Tenant<'_>) -> String {
     match tenant {
         Tenant::Default => String::new(),
         Tenant::Named(name) => name.to_string(),
@@ -116,6 +177,8 @@ impl MasterService {
             used_bytes: 0,
             mailbox: VecDeque::new(),
             pending: HashMap::new(),
+            promotions: VecDeque::new(),
+            promoting: HashMap::new(),
         });
         mount.endpoint = endpoint.to_string();
         mount.capacity_bytes = capacity_bytes;
@@ -437,6 +500,10 @@ impl MasterService {
             disks: state.mounts.len() as u64,
             disk_capacity_bytes: state.mounts.values().map(|d| d.capacity_bytes).sum(),
             disk_used_bytes: state.mounts.values().map(|d| d.used_bytes).sum(),
+            promotions: load(&c.promotions),
+            promoted: load(&c.promoted),
+            promotion_failures: load(&c.promotion_failures),
+            promotions_in_flight: state.mounts_promotions() as u64,
         }
     }
 }

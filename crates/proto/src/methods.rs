@@ -269,6 +269,18 @@ methods! {
     /// Offload counters and disk usage of the cluster.
     65 GetOffloadStats {} -> OffloadStatsReply,
         limits(s, l) { Ok(()) };
+    /// Takes up to `max_tasks` of `client`'s promotion tasks: load the object from the disk
+    /// into `buffer_address` (a PROCESSING memory replica on one of the node's segments).
+    66 PromotionHeartbeat { client: ClientId, max_tasks: u64 } -> Vec<OffloadTask>,
+        limits(s, l) { Ok(()) };
+    /// The node's answer to each promotion task it took: stored makes the memory replica
+    /// COMPLETE, not stored erases it.
+    67 NotifyPromotion { client: ClientId, outcomes: Vec<OffloadOutcome> }
+        -> Vec<Result<(), ErrorCode>>,
+        limits(s, l) {
+            check_len(s.outcomes.len(), l)?;
+            s.outcomes.iter().try_for_each(|o| check_key(&o.key, l))
+        };
     /// Served by a store node's disk server, not the master: loads each key of `tenant` (of the
     /// given size) from the node's disk into its staging memory and answers where to read it.
     70 LoadDiskObjects { tenant: String, keys: Vec<String>, sizes: Vec<u64> } -> LoadedDiskObjects,
@@ -330,6 +342,10 @@ pub struct OffloadStatsReply {
     pub disks: u64,
     pub disk_capacity_bytes: u64,
     pub disk_used_bytes: u64,
+    pub promotions: u64,
+    pub promoted: u64,
+    pub promotion_failures: u64,
+    pub promotions_in_flight: u64,
 }
 
 /// The token bytes `Authenticate` carries (postcard: a varint length, then the bytes). `Debug`

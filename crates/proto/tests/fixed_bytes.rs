@@ -382,6 +382,8 @@ fn method_id_table_is_pinned() {
         (63, "AdvertiseDiskObjects"),
         (64, "EvictDiskObjects"),
         (65, "GetOffloadStats"),
+        (66, "PromotionHeartbeat"),
+        (67, "NotifyPromotion"),
         (70, "LoadDiskObjects"),
         (71, "ReleaseDiskObjects"),
         (80, "DrainSegment"),

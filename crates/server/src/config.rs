@@ -330,11 +330,11 @@ master_flags! {
         "Maximum number of objects allowed in the offloading queue per local disk segment. Increase to allow more objects to be offloaded to SSD before force-eviction kicks in";
     offload_cap_ratio: f64 = 0.5, Master Double, Status::Inert(OFFLOAD),
         "Per-cycle offload cap as a fraction of offloading_queue_limit. Controls how many objects can be queued for offload in a single eviction cycle before falling back to force-evict";
-    promotion_on_hit: bool = false, Master Bool, Status::Refused(PROMOTION),
+    promotion_on_hit: bool = false, Master Bool, HONOURED,
         "Promote LOCAL_DISK-only keys to MEMORY on read access (mirror of offload_on_evict)";
-    promotion_admission_threshold: u32 = 2, Master UInt32, Status::Inert(PROMOTION),
+    promotion_admission_threshold: u32 = 2, Master UInt32, HONOURED,
         "Min CountMinSketch count for a key before promotion fires (set 1 to disable second-touch gating)";
-    promotion_queue_limit: u32 = 50000, Master UInt32, Status::Inert(PROMOTION),
+    promotion_queue_limit: u32 = 50000, Master UInt32, HONOURED,
         "Max in-flight promotion tasks across all shards";
     promotion_max_per_heartbeat: u32 = 1, Master UInt32, Status::Inert(PROMOTION),
         "Max promotion tasks returned to a single client per PromotionObjectHeartbeat call. Each task is a synchronous SSD-read + RDMA-write on the client; serializing them avoids blocking past the client-liveness window. Default 1 is conservative.";

@@ -124,6 +124,9 @@ pub struct RpcMetrics {
     total_gets: AtomicU64,
     valid_gets: AtomicU64,
     mem_cache_hits: AtomicU64,
+    /// Lookups whose object is on local disks only, and lookups that found nothing.
+    disk_hits: AtomicU64,
+    get_misses: AtomicU64,
     mem_cache_hit_bytes: AtomicU64,
     value_sizes: SizeHistogram,
     /// PutStarts (single or batch item) refused with TENANT_QUOTA_EXCEEDED, per tenant.
@@ -150,6 +153,8 @@ impl Default for RpcMetrics {
             total_gets: AtomicU64::new(0),
             valid_gets: AtomicU64::new(0),
             mem_cache_hits: AtomicU64::new(0),
+            disk_hits: AtomicU64::new(0),
+            get_misses: AtomicU64::new(0),
             mem_cache_hit_bytes: AtomicU64::new(0),
             value_sizes: SizeHistogram::default(),
             tenant_quota_rejects: parking_lot::Mutex::new(BTreeMap::new()),
@@ -225,7 +230,15 @@ impl RpcMetrics {
             if let Some(ReplicaKind::Memory(m)) = response.replicas.first().map(|r| &r.kind) {
                 add(&self.mem_cache_hits, 1);
                 add(&self.mem_cache_hit_bytes, m.size);
+            } else if response
+                .replicas
+                .iter()
+                .any(|r| matches!(r.kind, ReplicaKind::LocalDisk(_)))
+            {
+                add(&self.disk_hits, 1);
             }
+        } else {
+            add(&self.get_misses, 1);
         }
     }
 
@@ -384,6 +397,18 @@ impl RpcMetrics {
         );
         counter(
             out,
+            "master_get_disk_hits_total",
+            "GetReplicaList results whose object is on local disks only (read through its node)",
+            get(&self.disk_hits),
+        );
+        counter(
+            out,
+            "master_get_misses_total",
+            "GetReplicaList results that found no readable object",
+            get(&self.get_misses),
+        );
+        counter(
+            out,
             "mem_cache_hit_bytes_total",
             "Total bytes of GetReplicaList results served from the memory pool",
             get(&self.mem_cache_hit_bytes),
@@ -539,7 +564,8 @@ const NOF: &str = "NVMe-oF segments are not built";
 const DFS: &str = "the DFS/3FS storage backend is not built";
 const OFFLOAD: &str =
     "upstream's disk-replica families are not exported (the disk tier counts in GetOffloadStats)";
-const PROMOTION: &str = "promotion on hit is not built";
+const PROMOTION: &str =
+    "upstream's promotion families are not exported (ours: master_promotions_*, docs/disk-tier.md)";
 const HA: &str = "HA (op-log replication to a standby master) is not built";
 const QUERY_IP: &str = "BatchQueryIp is not served";
 
@@ -1162,6 +1188,83 @@ pub const UPSTREAM_DASHBOARD_FAMILIES: &[(&str, &str, UpstreamFamily)] = &[
         Exported("eviction"),
     ),
 ];
+
+/// The local disk tier's counters and gauges (docs/disk-tier.md).
+pub fn render_offload(s: &mooncake_master::OffloadStats, out: &mut String) {
+    for (name, help, value) in [
+        (
+            "master_offload_tasks_queued_total",
+            "Offload tasks queued (each pins one memory replica until answered)",
+            s.queued,
+        ),
+        (
+            "master_offload_tasks_stored_total",
+            "Offload tasks answered stored (a LOCAL_DISK replica was added)",
+            s.stored,
+        ),
+        (
+            "master_offload_tasks_refused_total",
+            "Offload tasks answered not stored (only unpinned)",
+            s.refused,
+        ),
+        (
+            "master_offload_tasks_dropped_total",
+            "Offload tasks whose node expired before answering",
+            s.dropped,
+        ),
+        (
+            "master_disk_evicted_replicas_total",
+            "LOCAL_DISK replicas dropped because their node evicted them from its disk",
+            s.disk_evicted,
+        ),
+        (
+            "master_disk_advertised_replicas_total",
+            "LOCAL_DISK replicas registered from a node's scan of its disk",
+            s.advertised,
+        ),
+        (
+            "master_promotions_started_total",
+            "Promotions on hit started (a memory replica allocated for a disk-only object)",
+            s.promotions,
+        ),
+        (
+            "master_promotions_total",
+            "Promotions on hit completed (the object is in memory again)",
+            s.promoted,
+        ),
+        (
+            "master_promotion_failures_total",
+            "Promotions on hit that failed (the memory replica was erased)",
+            s.promotion_failures,
+        ),
+    ] {
+        counter(out, name, help, value);
+    }
+    for (name, help, value) in [
+        (
+            "master_offload_tasks_in_flight",
+            "Offload tasks queued or handed out and not answered",
+            s.in_flight,
+        ),
+        (
+            "master_local_disks",
+            "Nodes with a mounted local disk",
+            s.disks,
+        ),
+        (
+            "master_local_disk_capacity_bytes",
+            "Capacity of the mounted local disks",
+            s.disk_capacity_bytes,
+        ),
+        (
+            "master_local_disk_used_bytes",
+            "Bytes of values on the mounted local disks, as their nodes last reported",
+            s.disk_used_bytes,
+        ),
+    ] {
+        gauge(out, name, help, value as f64);
+    }
+}
 
 #[cfg(test)]
 mod tests {

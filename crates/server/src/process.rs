@@ -69,6 +69,9 @@ pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterSe
         enable_offload: config.enable_offload,
         offload_on_evict: config.offload_on_evict,
         offloading_queue_limit: config.offloading_queue_limit,
+        promotion_on_hit: config.promotion_on_hit,
+        promotion_admission_threshold: config.promotion_admission_threshold,
+        promotion_queue_limit: config.promotion_queue_limit,
     }
 }
 

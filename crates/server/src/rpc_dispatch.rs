@@ -120,6 +120,18 @@ impl MasterRpc {
     }
 }
 
+/// Promotion on hit counts the disk-only objects of a batch read (`MasterService::note_read`).
+fn note_reads(
+    ms: &MasterService,
+    keys: &[String],
+    tenant: &str,
+    replies: &[Result<mooncake_common::GetReplicaListResponse, ErrorCode>],
+) {
+    for (key, reply) in keys.iter().zip(replies) {
+        ms.note_read(key, tenant, reply);
+    }
+}
+
 impl Handler for MasterRpc {
     fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
         match method {
@@ -148,7 +160,11 @@ impl Handler for MasterRpc {
             m::GetReplicaList::ID => self.serve_observed(
                 body,
                 out,
-                |ms, r: &m::GetReplicaList| ms.get_replica_list(&r.key, &r.tenant),
+                |ms, r: &m::GetReplicaList| {
+                    let reply = ms.get_replica_list(&r.key, &r.tenant);
+                    ms.note_read(&r.key, &r.tenant, &reply);
+                    reply
+                },
                 |metrics, _, reply| {
                     metrics.record(m::GetReplicaList::ID, reply.is_err());
                     metrics.record_get(reply);
@@ -157,7 +173,11 @@ impl Handler for MasterRpc {
             m::BatchGetReplicaList::ID => self.serve_observed(
                 body,
                 out,
-                |ms, r: &m::BatchGetReplicaList| Ok(ms.batch_get_replica_list(&r.keys, &r.tenant)),
+                |ms, r: &m::BatchGetReplicaList| {
+                    let replies = ms.batch_get_replica_list(&r.keys, &r.tenant);
+                    note_reads(ms, &r.keys, &r.tenant, &replies);
+                    Ok(replies)
+                },
                 |metrics, r, reply| match reply {
                     Ok(results) => {
                         let failed = results.iter().filter(|x| x.is_err()).count();
@@ -179,7 +199,9 @@ impl Handler for MasterRpc {
                 out,
                 |ms, r: &m::GetReplicaListPinned| {
                     ms.release_reads(&r.release, &r.tenant);
-                    ms.get_replica_list_pinned(&r.key, &r.tenant)
+                    let reply = ms.get_replica_list_pinned(&r.key, &r.tenant);
+                    ms.note_read(&r.key, &r.tenant, &reply);
+                    reply
                 },
                 |metrics, _, reply| {
                     metrics.record(m::GetReplicaListPinned::ID, reply.is_err());
@@ -191,7 +213,9 @@ impl Handler for MasterRpc {
                 out,
                 |ms, r: &m::BatchGetReplicaListPinned| {
                     ms.release_reads(&r.release, &r.tenant);
-                    Ok(ms.batch_get_replica_list_pinned(&r.keys, &r.tenant))
+                    let replies = ms.batch_get_replica_list_pinned(&r.keys, &r.tenant);
+                    note_reads(ms, &r.keys, &r.tenant, &replies);
+                    Ok(replies)
                 },
                 |metrics, r, reply| {
                     let failed = reply
@@ -518,8 +542,21 @@ impl Handler for MasterRpc {
                     disks: s.disks,
                     disk_capacity_bytes: s.disk_capacity_bytes,
                     disk_used_bytes: s.disk_used_bytes,
+                    promotions: s.promotions,
+                    promoted: s.promoted,
+                    promotion_failures: s.promotion_failures,
+                    promotions_in_flight: s.promotions_in_flight,
                 })
             }),
+            m::PromotionHeartbeat::ID => self.serve(body, out, |ms, r: &m::PromotionHeartbeat| {
+                ms.promotion_heartbeat(r.client, usize::try_from(r.max_tasks).unwrap_or(usize::MAX))
+            }),
+            m::NotifyPromotion::ID => self.serve_batch(
+                body,
+                out,
+                |r: &m::NotifyPromotion| r.outcomes.len(),
+                |ms, r| Ok(ms.notify_promotion(r.client, &r.outcomes)),
+            ),
             m::TakeSnapshot::ID => {
                 let snapshots = self.snapshots.clone();
                 self.serve(body, out, move |_, _: &m::TakeSnapshot| {

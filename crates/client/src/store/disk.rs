@@ -22,7 +22,8 @@ use std::time::{Duration, Instant};
 
 use mooncake_common::{storage_key, ErrorCode, OffloadOutcome, OffloadTask};
 use mooncake_storage::{
-    open_backend, BackendConfig, BackendKind, Durability, StorageBackend, StorageError,
+    open_backend, BackendConfig, BackendKind, Durability, EvictionConfig, StorageBackend,
+    StorageError,
 };
 use mooncake_transfer::{MemoryHandle, SegmentOptions, TransferEngine};
 use parking_lot::Mutex;
@@ -56,6 +57,12 @@ pub struct DiskConfig {
     pub offload_interval: Duration,
     /// Tasks taken per offload heartbeat.
     pub offload_batch: u64,
+    /// Eviction under watermarks (the backend's defaults: FIFO, 0.95 / 0.85).
+    pub eviction: EvictionConfig,
+    /// `dir` may be shared by several processes (Python `setup(ssd_offload_path=…)` of many
+    /// ranks): each process takes the first `dir/client-N` whose lock is free. Without it the
+    /// directory itself is locked and a second process is refused.
+    pub shared: bool,
 }
 
 impl DiskConfig {
@@ -69,6 +76,8 @@ impl DiskConfig {
             lease: Duration::from_secs(5),
             offload_interval: Duration::from_millis(100),
             offload_batch: 64,
+            eviction: EvictionConfig::default(),
+            shared: false,
         }
     }
 
@@ -132,6 +141,26 @@ fn lock_dir(dir: &Path) -> Result<DirLock, StoreError> {
         },
     )?;
     Ok(DirLock { _file: file })
+}
+
+/// Subdirectories a shared directory may hold (one per process using it at once).
+const MAX_SHARED_OWNERS: usize = 1024;
+
+/// The first `dir/client-N` whose lock is free, created when missing, and its lock.
+fn lock_free_subdir(dir: &Path) -> Result<(PathBuf, DirLock), StoreError> {
+    for n in 0..MAX_SHARED_OWNERS {
+        let sub = dir.join(format!("client-{n}"));
+        std::fs::create_dir_all(&sub).map_err(|e| {
+            StoreError::InvalidParams(format!("cannot create disk dir {}: {e}", sub.display()))
+        })?;
+        if let Ok(lock) = lock_dir(&sub) {
+            return Ok((sub, lock));
+        }
+    }
+    Err(StoreError::InvalidParams(format!(
+        "disk dir {}: all {MAX_SHARED_OWNERS} per-client subdirectories are in use",
+        dir.display()
+    )))
 }
 
 /// First-fit allocator of the staging segment, with leases per load batch.
@@ -241,14 +270,21 @@ fn code_of(error: &StorageError) -> ErrorCode {
 impl DiskTier {
     /// Checks `config`, locks the directory, opens (recovering) the backend and allocates the
     /// staging segment in `engine`.
-    pub fn open(config: DiskConfig, engine: &TransferEngine) -> Result<DiskTier, StoreError> {
+    pub fn open(mut config: DiskConfig, engine: &TransferEngine) -> Result<DiskTier, StoreError> {
         config.check()?;
-        let lock = lock_dir(&config.dir)?;
+        let lock = if config.shared {
+            let (dir, lock) = lock_free_subdir(&config.dir)?;
+            config.dir = dir;
+            lock
+        } else {
+            lock_dir(&config.dir)?
+        };
         let backend_config = BackendConfig::new(
             config.dir.join(config.backend.name()),
             config.capacity_bytes,
         )
-        .with_durability(config.durability);
+        .with_durability(config.durability)
+        .with_eviction(config.eviction);
         let backend = open_backend(config.backend, backend_config).map_err(|e| {
             StoreError::InvalidParams(format!(
                 "disk dir {}: cannot open the {} backend: {e}",
@@ -317,6 +353,39 @@ impl DiskTier {
                 &self.stats.offload_failures
             };
             counter.fetch_add(1, Ordering::Relaxed);
+            out.push(OffloadOutcome {
+                tenant: t.tenant.clone(),
+                key: t.key.clone(),
+                stored,
+            });
+        }
+        out
+    }
+
+    /// Loads each promotion task's object from the backend straight into its target (a
+    /// PROCESSING memory replica the master allocated on one of `segments`); one outcome per
+    /// task. Blocks on disk I/O.
+    pub fn promote(&self, tasks: &[OffloadTask], segments: &[MemoryHandle]) -> Vec<OffloadOutcome> {
+        let keys: Vec<String> = tasks
+            .iter()
+            .map(|t| storage_key(&t.tenant, &t.key))
+            .collect();
+        let mut out = Vec::with_capacity(tasks.len());
+        for (t, key) in tasks.iter().zip(&keys) {
+            let stored = match segment_range(t, segments) {
+                Some((ptr, len)) => {
+                    // SAFETY: inside a mapping `segments` keeps alive; the master allocated this
+                    // range for the promotion's replica alone (PROCESSING: nobody reads it,
+                    // nothing else is placed there) until the task is answered.
+                    let target = unsafe { std::slice::from_raw_parts_mut(ptr, len) };
+                    let mut buffers = [target];
+                    matches!(
+                        self.backend.get_batch(&[key.as_str()], &mut buffers).pop(),
+                        Some(Ok(n)) if n == t.size
+                    )
+                }
+                None => false,
+            };
             out.push(OffloadOutcome {
                 tenant: t.tenant.clone(),
                 key: t.key.clone(),
@@ -421,19 +490,28 @@ impl DiskTier {
     }
 }
 
-/// The bytes of `task` inside one of the node's segments, if they lie entirely in one.
-fn source_slice<'s>(task: &OffloadTask, segments: &'s [MemoryHandle]) -> Option<&'s [u8]> {
+/// Where `task`'s bytes lie in one of the node's segments (pointer and length), if entirely
+/// inside one.
+fn segment_range(task: &OffloadTask, segments: &[MemoryHandle]) -> Option<(*mut u8, usize)> {
     let (region, offset) = split_address(task.buffer_address);
     let memory = segments.iter().find(|m| m.id() == region)?;
     let end = offset.checked_add(task.size)?;
     if end > memory.len_bytes() as u64 {
         return None;
     }
-    // SAFETY: [offset, end) lies inside the segment mapping, which `memory` keeps alive; the
-    // master pinned the replica there until this task is answered, so no write lands in it.
-    Some(unsafe {
-        std::slice::from_raw_parts(memory.as_ptr().add(offset as usize), task.size as usize)
-    })
+    // SAFETY: offset < end <= the mapping's length.
+    Some((
+        unsafe { memory.as_ptr().add(offset as usize) },
+        task.size as usize,
+    ))
+}
+
+/// The bytes of `task` inside one of the node's segments, if they lie entirely in one.
+fn source_slice<'s>(task: &OffloadTask, segments: &'s [MemoryHandle]) -> Option<&'s [u8]> {
+    let (ptr, len) = segment_range(task, segments)?;
+    // SAFETY: the range lies inside a segment mapping that `segments` keeps alive; the master
+    // pinned the replica there until this task is answered, so no write lands in it.
+    Some(unsafe { std::slice::from_raw_parts(ptr, len) })
 }
 
 #[cfg(test)]

@@ -208,6 +208,9 @@ async fn offload_loop(inner: Weak<Inner>) {
             return;
         };
         let interval = disk.config().offload_interval;
+        if let Err(error) = client.promote_once(&disk).await {
+            tracing::debug!(%error, "promotion heartbeat failed");
+        }
         let busy = match client.offload_once(&disk).await {
             Ok(n) => n as u64 >= disk.config().offload_batch,
             Err(StoreError::Master(MasterError::Master(ErrorCode::SEGMENT_NOT_FOUND))) => {
@@ -228,7 +231,50 @@ async fn offload_loop(inner: Weak<Inner>) {
     }
 }
 
+/// Promotion tasks taken per heartbeat (upstream's `promotion_max_per_heartbeat` is 1; a load is
+/// one disk read, so a few at once keep the heartbeat short).
+const PROMOTIONS_PER_HEARTBEAT: u64 = 8;
+
 impl StoreClient {
+    /// The memory segments of this node (cheap handles).
+    fn segment_memory(&self) -> Vec<mooncake_transfer::MemoryHandle> {
+        self.inner
+            .segments
+            .lock()
+            .iter()
+            .map(|s| s.memory.clone())
+            .collect()
+    }
+
+    /// One promotion step: take tasks, load each object into its new memory replica, answer.
+    async fn promote_once(&self, disk: &Arc<DiskTier>) -> Result<usize, StoreError> {
+        let tasks = self
+            .inner
+            .master
+            .call(&m::PromotionHeartbeat {
+                client: self.client_id(),
+                max_tasks: PROMOTIONS_PER_HEARTBEAT,
+            })
+            .await?;
+        if tasks.is_empty() {
+            return Ok(0);
+        }
+        let segments = self.segment_memory();
+        let loader = disk.clone();
+        let n = tasks.len();
+        let outcomes = tokio::task::spawn_blocking(move || loader.promote(&tasks, &segments))
+            .await
+            .map_err(|e| StoreError::InvalidParams(format!("promotion worker: {e}")))?;
+        self.inner
+            .master
+            .call(&m::NotifyPromotion {
+                client: self.client_id(),
+                outcomes,
+            })
+            .await?;
+        Ok(n)
+    }
+
     /// One offload step; returns how many tasks it handled.
     async fn offload_once(&self, disk: &Arc<DiskTier>) -> Result<usize, StoreError> {
         let tasks = self
@@ -243,13 +289,7 @@ impl StoreClient {
         if tasks.is_empty() {
             return Ok(0);
         }
-        let segments: Vec<_> = self
-            .inner
-            .segments
-            .lock()
-            .iter()
-            .map(|s| s.memory.clone())
-            .collect();
+        let segments = self.segment_memory();
         let writer = disk.clone();
         let n = tasks.len();
         let outcomes = tokio::task::spawn_blocking(move || writer.offload(&tasks, &segments))
