@@ -3,7 +3,8 @@
 
 use std::time::Duration;
 
-use mooncake_client::{StoreClient, StoreConfig, TransportMode};
+use mooncake_client::BackendKind;
+use mooncake_client::{DiskConfig, StoreClient, StoreConfig, TransportMode};
 use mooncake_common::{parse_size, ErrorCode};
 use pyo3::exceptions::PyTypeError;
 use pyo3::prelude::*;
@@ -55,6 +56,10 @@ pub struct SetupParams {
     pub protocol: String,
     pub master_server_addr: String,
     pub tenant_id: String,
+    /// `enable_ssd_offload=True`: the disk directory (`ssd_offload_path`, else
+    /// `MOONCAKE_OFFLOAD_FILE_STORAGE_PATH`), shared by the processes given it: each takes its
+    /// own `client-N` subdirectory.
+    pub ssd_offload_path: Option<String>,
 }
 
 /// A refusal that `setup` reports as a negative code (INVALID_PARAMS) with this message.
@@ -210,17 +215,23 @@ pub fn parse(values: &Bound<'_, PyDict>) -> PyResult<Result<SetupParams, Invalid
     };
     // `engine`: upstream reuses a TransferEngine object; we always run our own engine, so any
     // value is accepted and not used.
-    if let Some(v) = get("enable_ssd_offload") {
-        if bool_value("enable_ssd_offload", &v)? {
-            return Err(PyTypeError::new_err(
-                "setup(): enable_ssd_offload=True is not supported by mooncake_rs (the SSD tier \
-                 belongs to the master's storage service); drop the argument",
-            ));
+    let offload = match get("enable_ssd_offload") {
+        Some(v) => bool_value("enable_ssd_offload", &v)?,
+        None => false,
+    };
+    let mut ssd_offload_path = match get("ssd_offload_path") {
+        Some(v) => str_value("ssd_offload_path", &v)?,
+        None => String::new(),
+    };
+    if offload && ssd_offload_path.trim().is_empty() {
+        ssd_offload_path = std::env::var(OFFLOAD_PATH_ENV).unwrap_or_default();
+        if ssd_offload_path.trim().is_empty() {
+            return Ok(Err(Invalid(format!(
+                "enable_ssd_offload=True needs ssd_offload_path (or {OFFLOAD_PATH_ENV})"
+            ))));
         }
     }
-    if let Some(v) = get("ssd_offload_path") {
-        str_value("ssd_offload_path", &v)?;
-    }
+    let ssd_offload_path = offload.then_some(ssd_offload_path);
     let tenant_id = match get("tenant_id") {
         Some(v) => str_value("tenant_id", &v)?,
         None => "default".to_string(),
@@ -261,7 +272,75 @@ pub fn parse(values: &Bound<'_, PyDict>) -> PyResult<Result<SetupParams, Invalid
         protocol,
         master_server_addr,
         tenant_id,
+        ssd_offload_path,
     }))
+}
+
+/// Upstream's environment variable of the disk directory.
+const OFFLOAD_PATH_ENV: &str = "MOONCAKE_OFFLOAD_FILE_STORAGE_PATH";
+
+/// `MOONCAKE_OFFLOAD_<name>` parsed as `T`: `None` when unset or empty, an error naming the
+/// variable when it does not parse.
+fn offload_env<T: std::str::FromStr>(name: &str) -> Result<Option<T>, String> {
+    let var = format!("MOONCAKE_OFFLOAD_{name}");
+    match std::env::var(&var) {
+        Ok(raw) if !raw.trim().is_empty() => raw
+            .trim()
+            .parse()
+            .map(Some)
+            .map_err(|_| format!("{var}={raw:?} is not a valid value")),
+        _ => Ok(None),
+    }
+}
+
+/// The disk tier of `setup(enable_ssd_offload=True, ssd_offload_path=DIR)` with upstream's
+/// `MOONCAKE_OFFLOAD_*` knobs that apply (docs/python.md): the backend
+/// (`STORAGE_BACKEND_DESCRIPTOR`: bucket by default, as upstream), its capacity
+/// (`TOTAL_SIZE_LIMIT_BYTES`, 2 TiB), the staging memory (`LOCAL_BUFFER_SIZE_BYTES`, 1280 MiB),
+/// the read lease (`CLIENT_BUFFER_GC_TTL_MS`, 5000), the offload period
+/// (`HEARTBEAT_INTERVAL_SECONDS`) and disk eviction (`ENABLE_DISK_WATERMARK_EVICTION`,
+/// `DISK_EVICTION_HIGH_WATERMARK_RATIO` / `LOW` 0.90 / 0.80). A bad value is an error.
+pub fn offload_config(path: &str) -> Result<DiskConfig, String> {
+    let backend = match offload_env::<String>("STORAGE_BACKEND_DESCRIPTOR")?.as_deref() {
+        None | Some("bucket_storage_backend") => BackendKind::Bucket,
+        Some("file_per_key_storage_backend") => BackendKind::File,
+        Some("offset_allocator_storage_backend") => BackendKind::Log,
+        Some(other) => {
+            return Err(format!(
+                "MOONCAKE_OFFLOAD_STORAGE_BACKEND_DESCRIPTOR={other:?} is not supported \
+                 (bucket_storage_backend, file_per_key_storage_backend, \
+                 offset_allocator_storage_backend)"
+            ))
+        }
+    };
+    let capacity = offload_env::<u64>("TOTAL_SIZE_LIMIT_BYTES")?.unwrap_or(2 << 40);
+    let mut config = DiskConfig::new(path, capacity);
+    config.backend = backend;
+    config.shared = true;
+    config.staging_bytes = offload_env::<u64>("LOCAL_BUFFER_SIZE_BYTES")?.unwrap_or(1280 << 20);
+    if let Some(ms) = offload_env::<u64>("CLIENT_BUFFER_GC_TTL_MS")? {
+        config.lease = Duration::from_millis(ms.max(1));
+    }
+    if let Some(s) = offload_env::<u64>("HEARTBEAT_INTERVAL_SECONDS")? {
+        config.offload_interval = Duration::from_secs(s.max(1));
+    }
+    if let Some(on) = offload_env::<bool>("ENABLE_DISK_WATERMARK_EVICTION")? {
+        config.eviction.enabled = on;
+    }
+    config.eviction.high_watermark_ratio =
+        offload_env::<f64>("DISK_EVICTION_HIGH_WATERMARK_RATIO")?.unwrap_or(0.90);
+    config.eviction.low_watermark_ratio =
+        offload_env::<f64>("DISK_EVICTION_LOW_WATERMARK_RATIO")?.unwrap_or(0.80);
+    let (low, high) = (
+        config.eviction.low_watermark_ratio,
+        config.eviction.high_watermark_ratio,
+    );
+    if !(low > 0.0 && low < high && high <= 1.0) {
+        return Err(format!(
+            "MOONCAKE_OFFLOAD_DISK_EVICTION watermarks need 0 < low ({low}) < high ({high}) <= 1"
+        ));
+    }
+    Ok(config)
 }
 
 /// Upper bound of `setup` (connect + mount), whatever the master does.
@@ -307,7 +386,14 @@ pub fn connect(
     } else {
         params.tenant_id.clone()
     };
+    let disk = match &params.ssd_offload_path {
+        Some(path) => {
+            Some(offload_config(path).map_err(|e| (ErrorCode::INVALID_PARAMS.as_i32(), e))?)
+        }
+        None => None,
+    };
     let mut config = StoreConfig {
+        disk,
         master_addr: params.master_server_addr.clone(),
         local_hostname: params.local_hostname.clone(),
         global_segment_size: params.global_segment_size,

@@ -85,6 +85,7 @@ impl Store {
                 protocol: "tcp".into(),
                 master_server_addr: info.master.clone(),
                 tenant_id: info.tenant.clone(),
+                ssd_offload_path: None,
             };
             let (runtime, client) = setup::connect(&params, settings)?;
             Ok::<_, (i32, String)>((runtime, client, info))

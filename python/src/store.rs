@@ -116,8 +116,10 @@ impl Store {
     /// (0 = contribute nothing). Sizes may be ints or strings such as "16MB" / "16 MB";
     /// percentages are refused. Returns 0, or a negative code (bad value: -600, master
     /// unreachable: -900/-901) within seconds. Unknown keyword arguments raise TypeError naming
-    /// them, as do the options we do not support when set (enable_ssd_offload=True,
-    /// enable_client_http_server=True).
+    /// them, as does enable_client_http_server=True. enable_ssd_offload=True with
+    /// ssd_offload_path=DIR (or MOONCAKE_OFFLOAD_FILE_STORAGE_PATH) gives this client a disk tier
+    /// in its own subdirectory DIR/client-N (docs/disk-tier.md; the master needs
+    /// --enable_offload); the MOONCAKE_OFFLOAD_* knobs that apply are read, a bad one fails setup.
     ///
     /// Differences from upstream: `metadata_server` (P2PHANDSHAKE or a URL) is accepted and not
     /// contacted (segment endpoints travel in replica descriptors); `engine` is ignored (we always

@@ -128,9 +128,12 @@ def test_put_of_a_key_being_written_by_another_client_is_not_ready_and_first_wri
 def test_a_writer_killed_mid_put_frees_its_key_and_space_after_its_client_ttl(key):
     """A writer process starts a put (the master records 24 MB in flight on the only 32 MB
     segment) and is SIGKILLed. Another client's put of the key answers -703 until the master
-    expires the dead writer (client_ttl 2 s; the 300 s discard timeout is far beyond the wait),
-    then stores and reads back; the 24 MB are free again (a 12 MB put fits)."""
-    m = Master("--client_ttl=2", "--put_start_discard_timeout_sec=300")
+    expires the dead writer (client_ttl 5 s; the 300 s discard timeout is far beyond the wait),
+    then stores and reads back; the 24 MB are free again (a 12 MB put fits). The TTL is not
+    shorter because the live owner must not miss it on a loaded machine: an owner that is expired
+    and re-joins while the dead writer's put is in flight is a different case (see docs/master.md,
+    known gaps)."""
+    m = Master("--client_ttl=5", "--put_start_discard_timeout_sec=300")
     owner = Peer(m.addr, "32MB")
     writer = Peer(m.addr, "0")
     other = make_store(m.addr, segment=0)

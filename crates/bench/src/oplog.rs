@@ -59,13 +59,13 @@ async fn etcd_floor(etcd: &EtcdServer, txns: usize) -> anyhow::Result<Latency> {
 
 /// Sequential pairs, then `connections` × `per_connection` pairs in flight.
 async fn put_cells(master: &MasterChild, args: &Args) -> anyhow::Result<(Latency, Latency)> {
-    let ctx = Rc::new(setup(master.addr, 16, ClientConfig::default()).await?);
+    let ctx = Rc::new(setup(master.addr, 0, ClientConfig::default()).await?);
     let (_, elapsed, mut samples) = drive(ctx, Op::PutStartEnd, 1, args.seconds).await?;
     let seq = Latency::from_samples(&mut samples, elapsed);
     let mut ctxs = Vec::new();
     for _ in 0..args.connections {
         ctxs.push(Rc::new(
-            setup(master.addr, 16, ClientConfig::default()).await?,
+            setup(master.addr, 0, ClientConfig::default()).await?,
         ));
     }
     let started = Instant::now();

@@ -344,6 +344,38 @@ async fn a_disk_only_object_read_twice_is_promoted_to_memory() {
     c.close().await.unwrap();
 }
 
+/// A disk smaller than what is offloaded evicts its oldest objects under its watermarks and
+/// tells the master first: puts keep working, every read returns the right bytes or a clean
+/// miss, and the master counts the disk evictions.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_evicts_and_tells_the_master() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let d = dir.path().to_str().unwrap();
+    let _node = StoreNode::start(
+        &master.rpc.to_string(),
+        SEGMENT,
+        &["--disk-dir", d, "--disk-capacity", "8MiB"],
+    );
+    let c = client(&master).await;
+    put_all(&c).await;
+    let mut served = 0;
+    for i in 0..OBJECTS {
+        if let Ok(got) = c.get(&format!("obj/{i}")).await {
+            assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+            served += 1;
+        }
+    }
+    let s = settle(&c).await;
+    assert!(s.disk_evicted > 0, "{s:?}");
+    assert!(
+        served > 0 && served < OBJECTS,
+        "{served} of {OBJECTS} served"
+    );
+    assert_eq!(s.queued, s.stored + s.refused + s.dropped, "{s:?}");
+    c.close().await.unwrap();
+}
+
 /// Runs `mooncake store` with `extra` and returns (exit code, stderr) once it exits (at most
 /// 30 s).
 fn store_refused(master: &MasterProcess, extra: &[&str]) -> (Option<i32>, String) {

@@ -536,9 +536,14 @@ fn a_silent_client_expires_then_remounts_after_need_remount() {
 fn eviction_makes_room_in_a_full_store() {
     // The background cycle is off (it triggers only above a watermark of 1.0, or when flagged
     // with a ratio above 0), so every eviction here is a PutStart's own: the counts below do not
-    // depend on how fast this writer runs against the 10 ms cycle.
-    let master =
-        MasterProcess::start(&["--eviction_high_watermark_ratio=1.0", "--eviction_ratio=0"]);
+    // depend on how fast this writer runs against the 10 ms cycle. The writer sends no
+    // heartbeat: a client TTL of 10 minutes keeps a slow run (a loaded machine) from expiring it
+    // and unmounting its segment mid-test.
+    let master = MasterProcess::start(&[
+        "--eviction_high_watermark_ratio=1.0",
+        "--eviction_ratio=0",
+        "--client_ttl=600",
+    ]);
     let rt = runtime();
     let mc = client_of(&master);
     let me = ClientId::random();

@@ -294,10 +294,11 @@ fn files_shaped_like_upstreams_shipped_configs_load() {
         assert_eq!(config.rpc_thread_num, 16, "{name}");
         assert_eq!(resolved.rpc_threads, 16, "{name}");
         let notice = resolved.notice.unwrap();
-        assert!(
-            notice.contains("etcd_endpoints=\"http://localhost:2379\""),
-            "{notice}"
-        );
+        // etcd_endpoints is honoured (the op-log's etcd), so it is loaded, not listed as inert;
+        // enable_ha (election, not built) is listed.
+        assert_eq!(config.etcd_endpoints, "http://localhost:2379", "{name}");
+        assert!(notice.contains("enable_ha"), "{notice}");
+        assert!(!notice.contains("etcd_endpoints"), "{notice}");
         assert!(notice.contains("not flags, ignored: "), "{notice}");
         assert!(notice.contains("client_active_ttl_sec"), "{notice}");
     }
