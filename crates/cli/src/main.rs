@@ -1,5 +1,6 @@
 //! `mooncake`: one binary for every role. Each subcommand parses its flags and calls a crate.
 
+mod drain;
 mod node;
 mod quickstart;
 mod tasks;
@@ -56,6 +57,8 @@ enum Command {
     Move(tasks::MoveArgs),
     /// The state of a copy or move task.
     Task(tasks::TaskArgs),
+    /// Move every object off segments (a drain job): they end DRAINED and empty.
+    Drain(drain::DrainArgs),
     /// Segments, usage and key count of the cluster.
     Stat(verbs::StatArgs),
     /// Ask the master to write a snapshot now (into its --snapshot_dir); prints the file, its
@@ -188,6 +191,10 @@ fn run(cli: Cli) -> anyhow::Result<()> {
         Command::Task(args) => {
             init_logging_at("warn");
             tasks::task(args)
+        }
+        Command::Drain(args) => {
+            init_logging_at("warn");
+            drain::drain(args)
         }
         Command::Stat(args) => {
             init_logging_at("warn");

@@ -1,5 +1,6 @@
 //! `mooncake store`: a node daemon that contributes memory to a master and serves transfers of
-//! the objects placed in it, until SIGINT or SIGTERM (then it unmounts and exits 0). When it is
+//! the objects placed in it, until SIGINT or SIGTERM: then it moves its objects to other nodes
+//! (for at most `--drain-on-shutdown-secs`), unmounts and exits 0. When it is
 //! killed instead, the master expires it after `client_ttl` and the rest of the cluster goes on.
 //!
 //! `mooncake client` (also run as `mooncake_client`): the same with upstream `mooncake_client`'s
@@ -31,6 +32,11 @@ pub struct Args {
     /// Without it, `MC_AUTH_TOKEN` / `MC_AUTH_TOKEN_FILE` apply.
     #[arg(long = "auth_token_file", alias = "auth-token-file")]
     pub auth_token_file: Option<std::path::PathBuf>,
+    /// On SIGTERM or SIGINT, move this node's objects to other nodes for at most this many
+    /// seconds before unmounting (objects not moved by then are dropped, their count logged);
+    /// 0 unmounts at once.
+    #[arg(long, default_value_t = 5)]
+    pub drain_on_shutdown_secs: u64,
     /// A local disk tier in this directory (owned by this process alone): objects are offloaded
     /// to it and read back from it when memory evicted them (the master needs
     /// `--enable_offload`).
@@ -127,11 +133,37 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             _ = interrupt.recv() => {}
             _ = terminate.recv() => {}
         }
+        if args.drain_on_shutdown_secs > 0 {
+            drain_before_exit(&client, args.drain_on_shutdown_secs).await;
+        }
         tracing::info!("shutting down: unmounting");
         client.close().await.context("unmounting at shutdown")?;
         println!("mooncake store: unmounted, bye");
         Ok(())
     })
+}
+
+/// Moves the node's objects elsewhere for at most `secs` seconds and logs what was left.
+async fn drain_before_exit(client: &StoreClient, secs: u64) {
+    tracing::info!("shutting down: moving this node's objects to other nodes (at most {secs} s)");
+    match client
+        .drain_segments(std::time::Duration::from_secs(secs))
+        .await
+    {
+        Ok(report) => {
+            let line = format!(
+                "drained at shutdown: moved {} of {} objects to other nodes; dropping {} not \
+                 moved within {secs} s ({} had no room elsewhere)",
+                report.moved, report.objects, report.left, report.unmovable
+            );
+            if report.left > 0 {
+                tracing::warn!("{line}");
+            } else {
+                tracing::info!("{line}");
+            }
+        }
+        Err(error) => tracing::warn!(%error, "draining at shutdown failed: unmounting now"),
+    }
 }
 
 /// `mooncake client ARGS` / `mooncake_client ARGS`: upstream's real client flags. Returns the

@@ -215,7 +215,7 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
 pub fn stat(args: StatArgs) -> anyhow::Result<()> {
     let client = connect(&args.target)?;
     let master = client.client().master();
-    let (version, segments, keys) = client.block_on(async {
+    let (version, segments, keys, jobs) = client.block_on(async {
         (
             master.call(&m::ServiceReady {}).await,
             master.call(&m::GetSegmentsDetail {}).await,
@@ -224,6 +224,7 @@ pub fn stat(args: StatArgs) -> anyhow::Result<()> {
                     tenant: args.target.tenant.clone(),
                 })
                 .await,
+            master.call(&m::ListDrainJobs {}).await,
         )
     });
     let _ = client.close();
@@ -245,6 +246,15 @@ pub fn stat(args: StatArgs) -> anyhow::Result<()> {
         },
         keys.len()
     );
+    // A master without drain jobs answers NOT_SUPPORTED: nothing to show.
+    for job in jobs.unwrap_or_default() {
+        println!(
+            "drain job {} {}  {}",
+            job.id,
+            job.segments.join(","),
+            crate::drain::progress_line(&job)
+        );
+    }
     if segments.is_empty() {
         return Ok(());
     }

@@ -25,6 +25,6 @@ pub use mooncake_storage::BackendKind;
 pub use mooncake_transfer::memory::Mapping as HostMemory;
 pub use mooncake_transfer::TransportMode;
 pub use store::{
-    Access, DiskConfig, DiskStats, DiskTier, PutOutcome, RangeRead, RangeWrite, StoreClient,
-    StoreConfig, StoreError, VerifyReport,
+    Access, DiskConfig, DiskStats, DiskTier, DrainReport, PutOutcome, RangeRead, RangeWrite,
+    StoreClient, StoreConfig, StoreError, VerifyReport,
 };

@@ -32,8 +32,8 @@ pub use replica::{
 };
 pub use segment::{GetReplicaListResponse, ObjectMeta, PingResponse, Segment};
 pub use task::{
-    CopyStartResponse, MoveStartResponse, QueryTaskResponse, TaskAssignment, TaskCompleteRequest,
-    TaskStatus, TaskType,
+    CopyStartResponse, DrainJobRequest, DrainJobStatus, DrainJobView, MoveStartResponse,
+    QueryTaskResponse, TaskAssignment, TaskCompleteRequest, TaskStatus, TaskType,
 };
 pub use tenant::{TenantId, DEFAULT_TENANT};
 pub use units::{format_size, parse_size, SizeParseError};

@@ -75,6 +75,60 @@ pub struct MoveStartResponse {
     pub target: Option<ReplicaDescriptor>,
 }
 
+numbered_enum!(
+    /// A drain job's state (upstream's names, in its order).
+    DrainJobStatus: i32 (I32) {
+        Created = 0 => "CREATED",
+        Planning = 1 => "PLANNING",
+        Running = 2 => "RUNNING",
+        Succeeded = 3 => "SUCCEEDED",
+        Failed = 4 => "FAILED",
+        Canceled = 5 => "CANCELED",
+    }
+);
+
+// The enum comes from a macro that derives no `Default`.
+#[allow(clippy::derivable_impls)]
+impl Default for DrainJobStatus {
+    fn default() -> Self {
+        DrainJobStatus::Created
+    }
+}
+
+/// What a drain job drains (upstream's CreateDrainJobRequest).
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainJobRequest {
+    /// Segment names to drain.
+    pub segments: Vec<String>,
+    /// Segment names to move to (empty: any other OK segment).
+    pub target_segments: Vec<String>,
+    /// Upstream's limit of units in flight (default 4); must be at least 1. Tasks run on the
+    /// source's owner, at most 16 at a time there.
+    pub max_concurrency: u32,
+}
+
+/// A drain job's state and progress (upstream's query fields, plus totals).
+#[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainJobView {
+    pub id: TaskId,
+    pub status: DrainJobStatus,
+    pub segments: Vec<String>,
+    pub created_at_ms: u64,
+    pub last_updated_at_ms: u64,
+    /// Move tasks planned so far (one per object and pass).
+    pub total_units: u64,
+    pub succeeded_units: u64,
+    pub failed_units: u64,
+    /// Objects the last pass found no room for.
+    pub blocked_units: u64,
+    /// Tasks queued or running.
+    pub active_units: u64,
+    pub migrated_bytes: u64,
+    /// Bytes of every planned task.
+    pub total_bytes: u64,
+    pub message: String,
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -59,6 +59,8 @@ pub struct MasterService {
     pub(crate) clients: ClientMonitor,
     /// Client-executed copy/move tasks.
     pub(crate) tasks: Mutex<TaskManager>,
+    /// Drain jobs (`drain_jobs.rs`); taken before the segment, shard and task locks.
+    pub(crate) drain_jobs: Mutex<crate::drain_jobs::DrainJobs>,
     /// Serializes eviction cycles (the 10 ms loop and tenant-scoped eviction).
     pub(crate) eviction_lock: Mutex<()>,
     /// Candidate count of the last global census (capacity hint for the next one).
@@ -125,6 +127,7 @@ impl MasterService {
             quota: RwLock::new(QuotaTable::default()),
             clients: ClientMonitor::default(),
             tasks: Mutex::new(TaskManager::default()),
+            drain_jobs: Mutex::new(crate::drain_jobs::DrainJobs::default()),
             eviction_lock: Mutex::new(()),
             census_hint: AtomicUsize::new(0),
             unverified: Mutex::new(Unverified::default()),

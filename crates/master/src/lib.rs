@@ -23,7 +23,7 @@
 //! the shared write-path helpers) and `apply` (apply, export). RPC families and background steps,
 //! each an `impl MasterService` over the components: `put` (PutStart phases), `put_end`,
 //! `put_timeouts` (discarded list, reaper), `upsert`, `read`, `remove`, `replication`
-//! (copy/move), `tasks_rpc`, `segment_rpc`, `suspicion` (segments out of placement after a
+//! (copy/move), `tasks_rpc`, `drain` (a segment's objects planned as move tasks), `drain_jobs`, `segment_rpc`, `suspicion` (segments out of placement after a
 //! reported transfer failure), `liveness` (ping, client monitor), `restore`
 //! (bulk restore from a snapshot's state, verification, restore deadlines), `eviction`,
 //! `pins` (soft-pin expiry), `tenants` (quota admin), `audit` (checks). Dependencies go RPC
@@ -37,6 +37,8 @@ mod clients;
 pub mod config;
 mod counters;
 mod deferred;
+pub mod drain;
+pub mod drain_jobs;
 mod eviction;
 mod export;
 mod handle;
@@ -76,6 +78,7 @@ pub use audit::AccountingReport;
 pub use clients::PING_QUEUE_CAPACITY;
 pub use config::{ConfigError, MasterServiceConfig, DEFAULT_PUT_START_EVICT_BUDGET};
 pub use counters::MasterCounters;
+pub use drain::DrainPlan;
 pub use eviction::EvictionReport;
 pub use export::{ObjectView, PlaceView, ReplicaView, TaskView};
 pub use handle::{MasterService, ObserverAlreadySet, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES};

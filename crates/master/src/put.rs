@@ -374,6 +374,7 @@ impl MasterService {
             preferred,
             local_host,
             key_hash,
+            now_ms: self.clock.now_ms(),
         };
         let handles = place(
             &segs.allocatable,

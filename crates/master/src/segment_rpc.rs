@@ -32,6 +32,8 @@ impl MasterService {
                     segment: segment.clone(),
                     client,
                 });
+                segs.allocatable
+                    .start_ramp(&segment.name, self.clock.now_ms());
             }
             mounted
         };

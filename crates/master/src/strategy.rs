@@ -19,6 +19,9 @@ use crate::rng::MasterRng;
 pub const MAX_RANDOM_WALK_TRIES: usize = 100;
 /// Most names the local-host extension adds to the preference list.
 pub const MAX_LOCAL_PREFERRED_NAMES: usize = 100;
+/// How long a newly mounted empty segment's score in the free-ratio step ramps up (see
+/// [`AllocatorSet::start_ramp`]).
+pub const JOIN_RAMP_MS: u64 = 10_000;
 
 /// `--allocation_strategy`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default, Serialize, Deserialize)]
@@ -57,6 +60,8 @@ pub struct AllocatorSet {
     by_name: HashMap<Arc<str>, Vec<Arc<SegmentAllocator>>>,
     /// host id → name → number of allocatable segments with that name on that host.
     hosts: BTreeMap<Arc<str>, BTreeMap<Arc<str>, usize>>,
+    /// Names that joined empty, with the time they did (`start_ramp`).
+    joined_ms: HashMap<Arc<str>, u64>,
 }
 
 impl AllocatorSet {
@@ -89,6 +94,7 @@ impl AllocatorSet {
         }
         if list.is_empty() {
             self.by_name.remove(name);
+            self.joined_ms.remove(name);
             if let Some(pos) = self.names.iter().position(|n| n == name) {
                 self.names.swap_remove(pos);
             }
@@ -132,6 +138,27 @@ impl AllocatorSet {
         }
         self.allocate_from_name(name, size, rng)
             .ok_or(ErrorCode::NO_AVAILABLE_HANDLE)
+    }
+
+    /// A segment named `name` was just mounted empty at `now_ms`. Free-ratio placement would send
+    /// it nearly every new write (it is the freest by far) until it fills to the others' level,
+    /// overloading its transfer engine. For [`JOIN_RAMP_MS`] it therefore takes part in each
+    /// free-ratio pass only with a probability that rises linearly from its fair share
+    /// (1 / names) to 1 (`ramp_scores`).
+    pub fn start_ramp(&mut self, name: &str, now_ms: u64) {
+        if let Some((key, _)) = self.by_name.get_key_value(name) {
+            self.joined_ms.insert(key.clone(), now_ms);
+        }
+    }
+
+    /// How far `name` is through its join ramp (1.0 = done or never ramping).
+    fn ramp_progress(&self, name: &str, now_ms: u64) -> f64 {
+        match self.joined_ms.get(name) {
+            Some(&joined) if now_ms < joined.saturating_add(JOIN_RAMP_MS) => {
+                now_ms.saturating_sub(joined) as f64 / JOIN_RAMP_MS as f64
+            }
+            _ => 1.0,
+        }
     }
 
     /// Free ratio Σ(capacity − used) / Σcapacity of a name's segments.
@@ -199,6 +226,8 @@ pub struct PlacementRequest<'a> {
     pub local_host: Option<&'a str>,
     /// Hash of the key (rotates names within a host).
     pub key_hash: u64,
+    /// The master's clock (join ramps of newly mounted segments).
+    pub now_ms: u64,
 }
 
 /// Places up to `replica_num` buffers of `size` bytes on distinct names. Returns what it got
@@ -258,6 +287,7 @@ pub fn place(
                 (set.free_ratio(name), name)
             })
             .collect();
+        ramp_scores(set, &mut scored, req.now_ms, rng);
         scored.sort_by(|a, b| b.0.total_cmp(&a.0));
         for (_, name) in scored {
             if out.len() >= req.replica_num {
@@ -277,6 +307,26 @@ pub fn place(
         }
     }
     out
+}
+
+/// A sampled name still in its join ramp (see [`AllocatorSet::start_ramp`]) keeps its score
+/// with probability `max(progress, 1 / names)`, else it drops out of this free-ratio pass (the
+/// random walk may still pick it): right after joining it gets about its fair share of the
+/// writes, at the end of the ramp every write that free ratio gives it.
+fn ramp_scores(set: &AllocatorSet, scored: &mut [(f64, &Arc<str>)], now_ms: u64, rng: &MasterRng) {
+    if set.joined_ms.is_empty() {
+        return;
+    }
+    let fair = 1.0 / set.names.len().max(1) as f64;
+    for (score, name) in scored.iter_mut() {
+        let progress = set.ramp_progress(name, now_ms);
+        if progress < 1.0 {
+            let draw = rng.next_u64() as f64 / u64::MAX as f64;
+            if draw >= progress.max(fair) {
+                *score = -1.0;
+            }
+        }
+    }
 }
 
 #[cfg(test)]
@@ -312,6 +362,7 @@ mod tests {
             preferred,
             local_host: None,
             key_hash: 0,
+            now_ms: 0,
         }
     }
 

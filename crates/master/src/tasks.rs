@@ -177,6 +177,27 @@ impl TaskManager {
         Ok(())
     }
 
+    /// `(tenant, key)` of every PENDING or PROCESSING task whose source is segment `source`.
+    pub fn active_keys_from(&self, source: &str) -> crate::drain::KeySet {
+        self.tasks
+            .values()
+            .filter(|t| matches!(t.status, TaskStatus::Pending | TaskStatus::Processing))
+            .filter(|t| t.assignment.source == source)
+            .map(|t| (t.assignment.tenant_id.clone(), t.assignment.key.clone()))
+            .collect()
+    }
+
+    /// Fails a PENDING task (a canceled drain job's); a task in any other state is left alone.
+    pub fn cancel_pending(&mut self, id: TaskId, now_ms: u64) {
+        if self
+            .tasks
+            .get(&id)
+            .is_some_and(|t| t.status == TaskStatus::Pending)
+        {
+            self.finish(id, TaskStatus::Failed, "canceled".to_string(), now_ms);
+        }
+    }
+
     /// QueryTask: TASK_NOT_FOUND if unknown (or pruned).
     pub fn query(&self, id: TaskId) -> Result<QueryTaskResponse, ErrorCode> {
         let t = self.tasks.get(&id).ok_or(ErrorCode::TASK_NOT_FOUND)?;

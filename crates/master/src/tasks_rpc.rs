@@ -43,7 +43,7 @@ impl MasterService {
         }
     }
 
-    fn enqueue_task(
+    pub(crate) fn enqueue_task(
         &self,
         task_type: TaskType,
         key: &str,

@@ -7,10 +7,10 @@
 //! Tenants travel as strings (empty = `default`) and are validated by the server, as upstream.
 
 use mooncake_common::{
-    ClientId, CopyStartResponse, DiskObject, ErrorCode, GetReplicaListResponse, MoveStartResponse,
-    ObjectMeta, OffloadOutcome, OffloadTask, PingResponse, QueryTaskResponse, ReplicaDescriptor,
-    ReplicaId, ReplicaType, ReplicateConfig, Segment, SegmentId, SegmentStatus, TaskAssignment,
-    TaskCompleteRequest, TaskId,
+    ClientId, CopyStartResponse, DiskObject, DrainJobRequest, DrainJobView, ErrorCode,
+    GetReplicaListResponse, MoveStartResponse, ObjectMeta, OffloadOutcome, OffloadTask,
+    PingResponse, QueryTaskResponse, ReplicaDescriptor, ReplicaId, ReplicaType, ReplicateConfig,
+    Segment, SegmentId, SegmentStatus, TaskAssignment, TaskCompleteRequest, TaskId,
 };
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
@@ -294,6 +294,27 @@ methods! {
     /// Served by a store node's disk server: the reader is done with a load's staging memory.
     71 ReleaseDiskObjects { batch_id: u64 } -> (),
         limits(s, l) { Ok(()) };
+    /// The owner of segment `segment_id` drains it before leaving: the segment goes DRAINING
+    /// (no new allocations, reads go on) and every object on it not already being moved gets a
+    /// move task to another OK segment, queued for the owner. Calling it again plans what is
+    /// left. ILLEGAL_CLIENT for another client's segment. Ours (graceful shutdown).
+    80 DrainSegment { client: ClientId, segment_id: SegmentId } -> DrainPlanned,
+        limits(s, l) { Ok(()) };
+    /// How many objects hold a live replica (complete or being written) on the segment. Ours.
+    81 CountSegmentObjects { segment_id: SegmentId } -> u64,
+        limits(s, l) { Ok(()) };
+    /// Upstream's `POST /api/v1/drain_jobs` as an RPC: returns the job id.
+    82 CreateDrainJob { request: DrainJobRequest } -> TaskId,
+        limits(s, l) { check_keys(&s.request.segments, l)?; check_keys(&s.request.target_segments, l) };
+    /// Upstream's `GET /api/v1/drain_jobs/query` as an RPC.
+    83 QueryDrainJob { id: TaskId } -> DrainJobView,
+        limits(s, l) { Ok(()) };
+    /// Upstream's `POST /api/v1/drain_jobs/cancel` as an RPC.
+    84 CancelDrainJob { id: TaskId } -> (),
+        limits(s, l) { Ok(()) };
+    /// Every drain job the master keeps, oldest first. Ours (`mooncake stat`).
+    85 ListDrainJobs {} -> Vec<DrainJobView>,
+        limits(s, l) { Ok(()) };
 }
 
 /// What `LoadDiskObjects` answers: the staging memory holding each loaded object, read with the
@@ -336,6 +357,19 @@ impl std::fmt::Debug for TokenBytes {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(f, "TokenBytes(<{} bytes, redacted>)", self.0.len())
     }
+}
+
+/// What one `DrainSegment` planned.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, Serialize, Deserialize)]
+pub struct DrainPlanned {
+    /// Move tasks queued now.
+    pub tasks: u64,
+    /// Bytes they move.
+    pub bytes: u64,
+    /// Objects no other segment has room for.
+    pub unmovable: u64,
+    /// Objects left for a later call because the task queue was full.
+    pub deferred: u64,
 }
 
 /// What `TakeSnapshot` wrote.

@@ -42,9 +42,11 @@ pub fn max_request_frame_bytes(method: u16) -> usize {
         | m::BatchRemove::ID
         | m::BatchReplicaClear::ID
         | m::ReMountSegment::ID => BULK_REQUEST_FRAME_BYTES,
-        m::PutStart::ID | m::UpsertStart::ID | m::CopyStart::ID | m::CreateCopyTask::ID => {
-            PLACEMENT_REQUEST_FRAME_BYTES
-        }
+        m::PutStart::ID
+        | m::UpsertStart::ID
+        | m::CopyStart::ID
+        | m::CreateCopyTask::ID
+        | m::CreateDrainJob::ID => PLACEMENT_REQUEST_FRAME_BYTES,
         _ => SMALL_REQUEST_FRAME_BYTES,
     }
 }

@@ -386,6 +386,12 @@ fn method_id_table_is_pinned() {
         (67, "NotifyPromotion"),
         (70, "LoadDiskObjects"),
         (71, "ReleaseDiskObjects"),
+        (80, "DrainSegment"),
+        (81, "CountSegmentObjects"),
+        (82, "CreateDrainJob"),
+        (83, "QueryDrainJob"),
+        (84, "CancelDrainJob"),
+        (85, "ListDrainJobs"),
     ];
     assert_eq!(METHODS, expected);
 }

@@ -119,7 +119,7 @@ pub fn http_status(code: ErrorCode) -> StatusCode {
     }
 }
 
-fn error_response(code: ErrorCode, message: Option<&str>) -> Response {
+pub(crate) fn error_response(code: ErrorCode, message: Option<&str>) -> Response {
     let body = json!({
         "success": false,
         "error_code": code.as_i32(),
@@ -157,6 +157,7 @@ pub fn admin_router(state: AdminState) -> Router {
         .route("/api/v1/segments/status", get(segment_status))
         .route("/api/v1/remove_all", post(remove_all))
         .route("/api/v1/snapshot", post(take_snapshot))
+        .merge(crate::drain_http::routes())
         .route(
             "/api/v1/tenant_quotas",
             get(tenant_quotas_get)

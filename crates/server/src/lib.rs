@@ -6,6 +6,7 @@
 //! a lock across an `.await`.
 
 pub mod config;
+mod drain_http;
 mod flags;
 pub mod http;
 pub mod metrics;

@@ -137,6 +137,8 @@ const EVICTION_PERIOD: Duration = Duration::from_millis(10);
 const CLIENT_MONITOR_PERIOD: Duration = Duration::from_secs(1);
 /// Task pruning and timeouts (upstream: 30 s, together with soft-pin expiry).
 const TASK_CLEANUP_PERIOD: Duration = Duration::from_secs(1);
+/// Drain jobs follow their tasks and plan again this often.
+const DRAIN_JOB_PERIOD: Duration = Duration::from_millis(200);
 /// Upstream's period of the `--enable_metric_reporting` log line.
 const METRIC_REPORT_PERIOD: Duration = Duration::from_secs(10);
 
@@ -418,7 +420,7 @@ fn open_snapshotter(
 }
 
 /// The master's periodic steps, each on its own timer: put timeouts, soft-pin expiry,
-/// graceful unmounts, eviction, the client monitor and task cleanup.
+/// graceful unmounts, eviction, the client monitor, task cleanup and drain jobs.
 fn spawn_background_workers(
     tasks: &mut JoinSet<()>,
     master: &Arc<MasterService>,
@@ -427,6 +429,9 @@ fn spawn_background_workers(
 ) {
     spawn_worker(tasks, master, stop_rx.clone(), PUT_TIMEOUT_PERIOD, |m| {
         m.run_put_timeouts_once();
+    });
+    spawn_worker(tasks, master, stop_rx.clone(), DRAIN_JOB_PERIOD, |m| {
+        m.run_drain_jobs_once();
     });
     spawn_worker(
         tasks,

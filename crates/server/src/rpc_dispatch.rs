@@ -372,6 +372,32 @@ impl Handler for MasterRpc {
                     .collect())
             }),
             m::Ping::ID => self.serve(body, out, |ms, r: &m::Ping| ms.ping(r.client)),
+            m::DrainSegment::ID => self.serve(body, out, |ms, r: &m::DrainSegment| {
+                let plan = ms.drain_own_segment(r.client, r.segment_id)?;
+                Ok(m::DrainPlanned {
+                    tasks: plan.tasks.len() as u64,
+                    bytes: plan.bytes,
+                    unmovable: plan.unmovable.len() as u64,
+                    deferred: plan.deferred,
+                })
+            }),
+            m::CountSegmentObjects::ID => {
+                self.serve(body, out, |ms, r: &m::CountSegmentObjects| {
+                    ms.count_objects_on_segment(r.segment_id)
+                })
+            }
+            m::CreateDrainJob::ID => self.serve(body, out, |ms, r: &m::CreateDrainJob| {
+                ms.create_drain_job(&r.request)
+            }),
+            m::QueryDrainJob::ID => self.serve(body, out, |ms, r: &m::QueryDrainJob| {
+                ms.query_drain_job(r.id)
+            }),
+            m::CancelDrainJob::ID => self.serve(body, out, |ms, r: &m::CancelDrainJob| {
+                ms.cancel_drain_job(r.id)
+            }),
+            m::ListDrainJobs::ID => self.serve(body, out, |ms, _: &m::ListDrainJobs| {
+                Ok(ms.list_drain_jobs())
+            }),
             m::ReportTransferFailure::ID => {
                 self.serve(body, out, |ms, r: &m::ReportTransferFailure| {
                     let newly = ms.report_transfer_failure(r.client, &r.endpoint)?;

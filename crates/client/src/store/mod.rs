@@ -23,6 +23,7 @@
 //! - `buffers.rs`: registered buffers and the per-operation pins of caller memory;
 //! - `endpoints.rs`: the cache of parsed peer endpoints;
 //! - `heartbeat.rs`: mounting the segment, the heartbeat and re-mount;
+//! - `drain.rs`: moving this client's objects elsewhere before it leaves;
 //! - `tasks.rs`: the copy and move tasks the master queues for this client;
 //! - `verify.rs`: checking the replicas a restored master holds for this client's segments;
 //! - `addressing.rs`: buffer address ↔ (segment, offset); `error.rs`: [`StoreError`].
@@ -32,6 +33,7 @@ mod buffers;
 pub mod disk;
 mod disk_node;
 mod disk_read;
+mod drain;
 mod endpoints;
 mod error;
 mod heartbeat;
@@ -45,6 +47,7 @@ mod verify;
 mod write;
 
 pub use disk::{DiskConfig, DiskStats, DiskTier};
+pub use drain::DrainReport;
 pub use error::StoreError;
 pub use mooncake_transfer::local_host_id;
 pub use mooncake_transfer::memory::Access;

@@ -12,7 +12,8 @@
 //! failed task again up to its `max_retry_attempts`).
 
 use mooncake_common::{
-    ReplicaDescriptor, ReplicaKind, TaskAssignment, TaskCompleteRequest, TaskStatus, TaskType,
+    QueryTaskResponse, ReplicaDescriptor, ReplicaKind, TaskAssignment, TaskCompleteRequest, TaskId,
+    TaskStatus, TaskType,
 };
 use mooncake_proto::methods as m;
 use std::sync::atomic::Ordering;
@@ -24,6 +25,43 @@ use super::{Inner, StoreClient, StoreError};
 pub const TASK_BATCH: u64 = 16;
 
 impl StoreClient {
+    /// CreateCopyTask: queues a copy of `key` (this client's tenant) to the `targets` segments,
+    /// run by the node holding a replica; returns the task id.
+    pub async fn create_copy_task(
+        &self,
+        key: &str,
+        targets: &[String],
+    ) -> Result<TaskId, StoreError> {
+        let request = m::CreateCopyTask {
+            key: key.to_string(),
+            tenant: self.tenant().to_string(),
+            targets: targets.to_vec(),
+        };
+        Ok(self.inner.master.call(&request).await?)
+    }
+
+    /// CreateMoveTask: queues a move of `key` from segment `source` to `target`, run by the
+    /// source's node; returns the task id.
+    pub async fn create_move_task(
+        &self,
+        key: &str,
+        source: &str,
+        target: &str,
+    ) -> Result<TaskId, StoreError> {
+        let request = m::CreateMoveTask {
+            key: key.to_string(),
+            tenant: self.tenant().to_string(),
+            source: source.to_string(),
+            target: target.to_string(),
+        };
+        Ok(self.inner.master.call(&request).await?)
+    }
+
+    /// QueryTask: the task's state (TASK_NOT_FOUND once pruned or never created).
+    pub async fn query_task(&self, id: TaskId) -> Result<QueryTaskResponse, StoreError> {
+        Ok(self.inner.master.call(&m::QueryTask { id }).await?)
+    }
+
     /// Fetches this client's queued tasks and runs them until the master has none left for it
     /// (or the client closes). Returns how many tasks ran. The heartbeat calls this on its own;
     /// call it to run queued work now (a shutdown that drains its segment does).
