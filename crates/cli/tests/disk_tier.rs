@@ -277,6 +277,97 @@ async fn a_killed_node_restarted_on_its_dir_serves_its_disk_objects() {
     c.close().await.unwrap();
 }
 
+/// Whether the master still lists `obj/{i}`.
+async fn listed(c: &StoreClient, i: usize) -> bool {
+    let request = m::GetReplicaList {
+        key: format!("obj/{i}"),
+        tenant: String::new(),
+    };
+    c.master().call(&request).await.is_ok()
+}
+
+/// SIGKILLs `node`, restarts it on `dir` and waits (at most 60 s) until every `obj/{i}` of
+/// `kept` reads back byte-exact from the restarted node's disk.
+async fn restart_and_read(
+    c: &StoreClient,
+    master: &MasterProcess,
+    node: StoreNode,
+    dir: &Path,
+    kept: std::ops::Range<usize>,
+) -> StoreNode {
+    node.kill();
+    let node = disk_node(master, dir);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in kept {
+        loop {
+            match c.get(&format!("obj/{i}")).await {
+                Ok(got) => {
+                    assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+                    break;
+                }
+                Err(error) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "obj/{i} never came back: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+    node
+}
+
+/// Removing an object drops its disk record too: keys removed while their node ran (it deletes
+/// the records) and keys removed while it was dead (its restart's advertisement is refused and
+/// it deletes them then) never come back, through two restarts on the same directory; the kept
+/// keys do. Every removal succeeds without force on the pins: no offload pin was left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_key_never_comes_back_from_disk() {
+    const LIVE_REMOVED: std::ops::Range<usize> = 0..10;
+    const DEAD_REMOVED: std::ops::Range<usize> = 10..16;
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true", "--client_ttl=2"]);
+    let node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let s = settle(&c).await;
+    assert_conserved(&s);
+    assert_eq!(s.stored as usize, OBJECTS, "{s:?}");
+    // A pinned replica refuses Remove (OBJECT_HAS_REPLICATION_TASK), forced or not.
+    for i in LIVE_REMOVED {
+        c.remove(&format!("obj/{i}"), true).await.expect("remove");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&master, "master_disk_dropped_records_total") < LIVE_REMOVED.len() as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the node never dropped the removed records"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.signal(libc::SIGSTOP);
+    for i in DEAD_REMOVED {
+        c.remove(&format!("obj/{i}"), true).await.expect("remove");
+    }
+    let node = restart_and_read(&c, &master, node, dir.path(), DEAD_REMOVED.end..OBJECTS).await;
+    let node = restart_and_read(&c, &master, node, dir.path(), DEAD_REMOVED.end..OBJECTS).await;
+    for i in LIVE_REMOVED.chain(DEAD_REMOVED) {
+        assert!(!listed(&c, i).await, "removed obj/{i} came back");
+        assert!(
+            c.get(&format!("obj/{i}")).await.is_err(),
+            "removed obj/{i} read"
+        );
+    }
+    for i in DEAD_REMOVED.end..OBJECTS {
+        c.remove(&format!("obj/{i}"), true)
+            .await
+            .expect("remove a kept key");
+    }
+    drop(node);
+    c.close().await.unwrap();
+}
+
 /// A master restarted without a snapshot knows nothing; the node re-mounts its disk and
 /// re-advertises every object on it, so they are readable again (upstream's disk objects stayed
 /// unusable after a master restart).
