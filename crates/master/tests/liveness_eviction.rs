@@ -459,7 +459,8 @@ fn an_owner_expired_and_remounted_under_a_dead_writers_put_gets_all_its_space_ba
         m.mount_segment(&a, C1).unwrap();
         m.ping(C1).unwrap();
         m.ping(C2).unwrap();
-        m.put_start(C2, "dead-put", 600 << 10, &on("a"), "").unwrap();
+        m.put_start(C2, "dead-put", 600 << 10, &on("a"), "")
+            .unwrap();
         let used = |m: &mooncake_master::MasterService| {
             m.segment_usage()
                 .iter()
@@ -482,14 +483,22 @@ fn an_owner_expired_and_remounted_under_a_dead_writers_put_gets_all_its_space_ba
             }
             _ => assert_eq!(m.run_client_monitor_once(), 2, "{order}: both expired"),
         }
-        assert_eq!(m.total_capacity_bytes(), 0, "{order}: C1's segment unmounted");
+        assert_eq!(
+            m.total_capacity_bytes(),
+            0,
+            "{order}: C1's segment unmounted"
+        );
         // C1 comes back: its first ping says NEED_REMOUNT, it mounts the same segment again.
         assert_eq!(
             m.ping(C1).unwrap().client_status,
             ClientStatus::NEED_REMOUNT
         );
         m.remount_segments(std::slice::from_ref(&a), C1).unwrap();
-        assert_eq!(used(&m), Some(0), "{order}: a re-mounted segment starts empty");
+        assert_eq!(
+            used(&m),
+            Some(0),
+            "{order}: a re-mounted segment starts empty"
+        );
         // Whatever is left of C2 goes at its expiry.
         clock.advance(10_001);
         m.ping(C1).unwrap();
