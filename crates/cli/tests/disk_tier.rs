@@ -483,6 +483,40 @@ async fn a_full_disk_evicts_and_tells_the_master() {
     c.close().await.unwrap();
 }
 
+/// `mooncake stat` shows each node's memory and disk: the disk node's line has its segment's
+/// capacity, its disk's capacity and the usage the master last heard, and its disk endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stat_shows_memory_and_disk_per_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let used = settle(&c).await.disk_used_bytes;
+    assert!(used > 0);
+    let disks = c.master().call(&m::ListLocalDisks {}).await.unwrap();
+    assert_eq!(disks.len(), 1, "{disks:?}");
+    let text = common::verb_ok(&["stat", "--master", &master.rpc.to_string()]);
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("node "))
+        .unwrap_or_else(|| panic!("no node table in\n{text}"));
+    assert!(header.contains("disk used"), "{header}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(&disks[0].client.to_string()))
+        .unwrap_or_else(|| panic!("no line for the disk node in\n{text}"));
+    for expected in [
+        "8 MiB".to_string(),
+        "256 MiB".to_string(),
+        mooncake_common::format_size(disks[0].used_bytes),
+        disks[0].endpoint.clone(),
+    ] {
+        assert!(row.contains(&expected), "{expected:?} not in {row:?}");
+    }
+    c.close().await.unwrap();
+}
+
 /// A disk too small for any object (1 MiB values, 512 KiB of disk: no record fits) refuses every
 /// offload: puts of 3× memory keep working in memory (each refusal unpins its source, so memory
 /// eviction makes room), every refusal is counted at `/metrics`, and reads return the right bytes
