@@ -10,7 +10,7 @@
 mod common;
 
 use common::{pattern, MasterOptions, MasterProcess, StoreNode};
-use mooncake_client::{StoreClient, StoreConfig};
+use mooncake_client::{RangeRead, StoreClient, StoreConfig};
 use mooncake_common::{ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use std::path::Path;
@@ -277,6 +277,97 @@ async fn a_killed_node_restarted_on_its_dir_serves_its_disk_objects() {
     c.close().await.unwrap();
 }
 
+/// Whether the master still lists `obj/{i}`.
+async fn listed(c: &StoreClient, i: usize) -> bool {
+    let request = m::GetReplicaList {
+        key: format!("obj/{i}"),
+        tenant: String::new(),
+    };
+    c.master().call(&request).await.is_ok()
+}
+
+/// SIGKILLs `node`, restarts it on `dir` and waits (at most 60 s) until every `obj/{i}` of
+/// `kept` reads back byte-exact from the restarted node's disk.
+async fn restart_and_read(
+    c: &StoreClient,
+    master: &MasterProcess,
+    node: StoreNode,
+    dir: &Path,
+    kept: std::ops::Range<usize>,
+) -> StoreNode {
+    node.kill();
+    let node = disk_node(master, dir);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in kept {
+        loop {
+            match c.get(&format!("obj/{i}")).await {
+                Ok(got) => {
+                    assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+                    break;
+                }
+                Err(error) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "obj/{i} never came back: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+    node
+}
+
+/// Removing an object drops its disk record too: keys removed while their node ran (it deletes
+/// the records) and keys removed while it was dead (its restart's advertisement is refused and
+/// it deletes them then) never come back, through two restarts on the same directory; the kept
+/// keys do. Every removal succeeds without force on the pins: no offload pin was left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_key_never_comes_back_from_disk() {
+    const LIVE_REMOVED: std::ops::Range<usize> = 0..10;
+    const DEAD_REMOVED: std::ops::Range<usize> = 10..16;
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true", "--client_ttl=2"]);
+    let node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let s = settle(&c).await;
+    assert_conserved(&s);
+    assert_eq!(s.stored as usize, OBJECTS, "{s:?}");
+    // A pinned replica refuses Remove (OBJECT_HAS_REPLICATION_TASK), forced or not.
+    for i in LIVE_REMOVED {
+        c.remove(&format!("obj/{i}"), true).await.expect("remove");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&master, "master_disk_dropped_records_total") < LIVE_REMOVED.len() as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the node never dropped the removed records"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.signal(libc::SIGSTOP);
+    for i in DEAD_REMOVED {
+        c.remove(&format!("obj/{i}"), true).await.expect("remove");
+    }
+    let node = restart_and_read(&c, &master, node, dir.path(), DEAD_REMOVED.end..OBJECTS).await;
+    let node = restart_and_read(&c, &master, node, dir.path(), DEAD_REMOVED.end..OBJECTS).await;
+    for i in LIVE_REMOVED.chain(DEAD_REMOVED) {
+        assert!(!listed(&c, i).await, "removed obj/{i} came back");
+        assert!(
+            c.get(&format!("obj/{i}")).await.is_err(),
+            "removed obj/{i} read"
+        );
+    }
+    for i in DEAD_REMOVED.end..OBJECTS {
+        c.remove(&format!("obj/{i}"), true)
+            .await
+            .expect("remove a kept key");
+    }
+    drop(node);
+    c.close().await.unwrap();
+}
+
 /// A master restarted without a snapshot knows nothing; the node re-mounts its disk and
 /// re-advertises every object on it, so they are readable again (upstream's disk objects stayed
 /// unusable after a master restart).
@@ -389,6 +480,93 @@ async fn a_full_disk_evicts_and_tells_the_master() {
         "{served} of {OBJECTS} served"
     );
     assert_conserved(&s);
+    c.close().await.unwrap();
+}
+
+/// Ranged reads of disk-only objects: several ranges of one object and ranges of two objects in
+/// one call come back byte-exact (each object loaded once from its node's disk), and a range past
+/// the end fails alone with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranged_reads_of_disk_only_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let on_disk = wait_disk_only(&c, 2).await;
+    let names: Vec<String> = on_disk[..2].iter().map(|i| format!("obj/{i}")).collect();
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = on_disk[..2]
+        .iter()
+        .map(|i| pattern(VALUE_BYTES, *i as u64 + 1))
+        .collect();
+    // (key index, offset, length); the last runs past the end.
+    let asked = [
+        (0, 0, 4096),
+        (0, 123_457, 65_536),
+        (1, VALUE_BYTES - 100, 100),
+        (1, 1, 1),
+        (0, VALUE_BYTES - 10, 11),
+    ];
+    let mut buffers: Vec<Vec<u8>> = asked.iter().map(|(_, _, n)| vec![0u8; *n]).collect();
+    let loads_before = c.stats().offload_rpc_reads.load(Ordering::Relaxed);
+    let mut fragments: Vec<RangeRead<'_>> = asked
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|((key, offset, _), dst)| RangeRead {
+            key: *key,
+            offset: *offset as u64,
+            dst,
+        })
+        .collect();
+    let results = c.get_ranges(&keys, &mut fragments).await;
+    drop(fragments);
+    let (last, ranges) = results.split_last().unwrap();
+    assert!(last.is_err(), "a range past the end was read: {last:?}");
+    for ((result, (key, offset, len)), got) in ranges.iter().zip(&asked).zip(&buffers) {
+        assert_eq!(result.as_ref().ok(), Some(&(*len as u64)), "{result:?}");
+        assert!(
+            got[..] == values[*key][*offset..offset + len],
+            "range {offset}+{len} of {} differs",
+            keys[*key]
+        );
+    }
+    let loads = c.stats().offload_rpc_reads.load(Ordering::Relaxed) - loads_before;
+    assert_eq!(loads, 2, "one disk load per object");
+    c.close().await.unwrap();
+}
+
+/// `mooncake stat` shows each node's memory and disk: the disk node's line has its segment's
+/// capacity, its disk's capacity and the usage the master last heard, and its disk endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stat_shows_memory_and_disk_per_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let used = settle(&c).await.disk_used_bytes;
+    assert!(used > 0);
+    let disks = c.master().call(&m::ListLocalDisks {}).await.unwrap();
+    assert_eq!(disks.len(), 1, "{disks:?}");
+    let text = common::verb_ok(&["stat", "--master", &master.rpc.to_string()]);
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("node "))
+        .unwrap_or_else(|| panic!("no node table in\n{text}"));
+    assert!(header.contains("disk used"), "{header}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(&disks[0].client.to_string()))
+        .unwrap_or_else(|| panic!("no line for the disk node in\n{text}"));
+    for expected in [
+        "8 MiB".to_string(),
+        "256 MiB".to_string(),
+        mooncake_common::format_size(disks[0].used_bytes),
+        disks[0].endpoint.clone(),
+    ] {
+        assert!(row.contains(&expected), "{expected:?} not in {row:?}");
+    }
     c.close().await.unwrap();
 }
 

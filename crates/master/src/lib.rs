@@ -85,7 +85,7 @@ pub use handle::{MasterService, ObserverAlreadySet, MAX_KEY_LEN_BYTES, MAX_REGEX
 pub use index::{SHARD_COUNT, STRIPE_COUNT};
 pub use mutation::{MasterState, Mutation, MutationObserver, ObjectRecord};
 pub use object::ObjectInfo;
-pub use offload::OffloadStats;
+pub use offload::{LocalDiskUsage, OffloadStats};
 pub use put_timeouts::PutTimeoutReport;
 pub use quota::{effective_quotas, PolicyError, TenantPolicy, TenantQuotaSnapshot};
 pub use restore::{

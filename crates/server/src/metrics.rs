@@ -1250,6 +1250,11 @@ pub fn render_offload(s: &mooncake_master::OffloadStats, out: &mut String) {
             s.advertised,
         ),
         (
+            "master_disk_dropped_records_total",
+            "Disk records nodes deleted because their object was removed",
+            s.disk_dropped,
+        ),
+        (
             "master_promotions_started_total",
             "Promotions on hit started (a memory replica allocated for a disk-only object)",
             s.promotions,
