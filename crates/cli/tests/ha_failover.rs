@@ -357,7 +357,7 @@ async fn write_until(
             continue;
         }
         let now = Instant::now();
-        let removed = i % 10 == 0 && c.remove(&key, true).await.is_ok();
+        let removed = i.is_multiple_of(10) && c.remove(&key, true).await.is_ok();
         let earlier = {
             let mut w = written.lock().unwrap();
             w.acked_at.push(now);
