@@ -15,7 +15,8 @@ use mooncake_common::{ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use std::path::Path;
 use std::process::{Command, Stdio};
-use std::sync::atomic::Ordering;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 const BIN: &str = env!("CARGO_BIN_EXE_mooncake");
@@ -65,25 +66,46 @@ async fn settle(c: &StoreClient) -> m::OffloadStatsReply {
     }
 }
 
+/// Puts `obj/{i}` (`VALUE_BYTES` of pattern `i + 1`), retrying for at most 60 s while memory is
+/// full of replicas still pinned by their offload.
+async fn put_one(c: &StoreClient, i: usize) {
+    let key = format!("obj/{i}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let value = pattern(VALUE_BYTES, i as u64 + 1);
+        match c.put(&key, &value, &ReplicateConfig::default()).await {
+            Ok(_) => return,
+            Err(error) => {
+                assert!(Instant::now() < deadline, "put {key} kept failing: {error}");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+        }
+    }
+}
+
 /// Puts `OBJECTS` values of `VALUE_BYTES` (3× the node's memory), letting offload catch up after
 /// each.
 async fn put_all(c: &StoreClient) {
-    let one = ReplicateConfig::default();
     for i in 0..OBJECTS {
-        let key = format!("obj/{i}");
-        let deadline = Instant::now() + Duration::from_secs(60);
-        loop {
-            match c.put(&key, &pattern(VALUE_BYTES, i as u64 + 1), &one).await {
-                Ok(_) => break,
-                Err(error) => {
-                    // Memory is full of replicas still pinned by their offload: wait for it.
-                    assert!(Instant::now() < deadline, "put {key} kept failing: {error}");
-                    tokio::time::sleep(Duration::from_millis(20)).await;
-                }
-            }
-        }
+        put_one(c, i).await;
         settle(c).await;
     }
+}
+
+/// The value of the sample `name` at the master's `/metrics`.
+fn metric(master: &MasterProcess, name: &str) -> f64 {
+    let (status, text) = common::http("GET", master.metrics, "/metrics", b"");
+    assert_eq!(status, 200);
+    text.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
+        .unwrap_or_else(|| panic!("{name} missing"))
+}
+
+/// Every offload task ended in exactly one answer (stored, refused, or dropped with its node)
+/// and none is in flight.
+fn assert_conserved(s: &m::OffloadStatsReply) {
+    assert_eq!(s.in_flight, 0, "{s:?}");
+    assert_eq!(s.queued, s.stored + s.refused + s.dropped, "{s:?}");
 }
 
 /// Keys whose only replicas are on disk.
@@ -150,17 +172,11 @@ async fn objects_beyond_memory_read_back_from_disk() {
     }
     // Every task ended in exactly one answer; no pin is left.
     let s = settle(&c).await;
-    assert_eq!(s.queued, s.stored + s.refused + s.dropped, "{s:?}");
+    assert_conserved(&s);
     assert_eq!(s.stored as usize, OBJECTS, "{s:?}");
     assert_eq!(s.disks, 1);
     // The same at /metrics, with the disk hits of the reads above.
-    let (status, text) = common::http("GET", master.metrics, "/metrics", b"");
-    assert_eq!(status, 200);
-    let value = |name: &str| -> f64 {
-        text.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.trim().parse().ok())
-            .unwrap_or_else(|| panic!("{name} missing"))
-    };
+    let value = |name: &str| metric(&master, name);
     assert!(value("master_get_disk_hits_total") >= on_disk.len() as f64);
     assert_eq!(value("master_offload_tasks_in_flight"), 0.0);
     assert_eq!(value("master_offload_tasks_stored_total"), OBJECTS as f64);
@@ -258,6 +274,97 @@ async fn a_killed_node_restarted_on_its_dir_serves_its_disk_objects() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
     assert!(offload_stats(&c).await.advertised >= OBJECTS as u64);
+    c.close().await.unwrap();
+}
+
+/// Whether the master still lists `obj/{i}`.
+async fn listed(c: &StoreClient, i: usize) -> bool {
+    let request = m::GetReplicaList {
+        key: format!("obj/{i}"),
+        tenant: String::new(),
+    };
+    c.master().call(&request).await.is_ok()
+}
+
+/// SIGKILLs `node`, restarts it on `dir` and waits (at most 60 s) until every `obj/{i}` of
+/// `kept` reads back byte-exact from the restarted node's disk.
+async fn restart_and_read(
+    c: &StoreClient,
+    master: &MasterProcess,
+    node: StoreNode,
+    dir: &Path,
+    kept: std::ops::Range<usize>,
+) -> StoreNode {
+    node.kill();
+    let node = disk_node(master, dir);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    for i in kept {
+        loop {
+            match c.get(&format!("obj/{i}")).await {
+                Ok(got) => {
+                    assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+                    break;
+                }
+                Err(error) => {
+                    assert!(
+                        Instant::now() < deadline,
+                        "obj/{i} never came back: {error}"
+                    );
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                }
+            }
+        }
+    }
+    node
+}
+
+/// Removing an object drops its disk record too: keys removed while their node ran (it deletes
+/// the records) and keys removed while it was dead (its restart's advertisement is refused and
+/// it deletes them then) never come back, through two restarts on the same directory; the kept
+/// keys do. Every removal succeeds without force on the pins: no offload pin was left behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_removed_key_never_comes_back_from_disk() {
+    const LIVE_REMOVED: std::ops::Range<usize> = 0..10;
+    const DEAD_REMOVED: std::ops::Range<usize> = 10..16;
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true", "--client_ttl=2"]);
+    let node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let s = settle(&c).await;
+    assert_conserved(&s);
+    assert_eq!(s.stored as usize, OBJECTS, "{s:?}");
+    // A pinned replica refuses Remove (OBJECT_HAS_REPLICATION_TASK), forced or not.
+    for i in LIVE_REMOVED {
+        c.remove(&format!("obj/{i}"), true).await.expect("remove");
+    }
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while metric(&master, "master_disk_dropped_records_total") < LIVE_REMOVED.len() as f64 {
+        assert!(
+            Instant::now() < deadline,
+            "the node never dropped the removed records"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    node.signal(libc::SIGSTOP);
+    for i in DEAD_REMOVED {
+        c.remove(&format!("obj/{i}"), true).await.expect("remove");
+    }
+    let node = restart_and_read(&c, &master, node, dir.path(), DEAD_REMOVED.end..OBJECTS).await;
+    let node = restart_and_read(&c, &master, node, dir.path(), DEAD_REMOVED.end..OBJECTS).await;
+    for i in LIVE_REMOVED.chain(DEAD_REMOVED) {
+        assert!(!listed(&c, i).await, "removed obj/{i} came back");
+        assert!(
+            c.get(&format!("obj/{i}")).await.is_err(),
+            "removed obj/{i} read"
+        );
+    }
+    for i in DEAD_REMOVED.end..OBJECTS {
+        c.remove(&format!("obj/{i}"), true)
+            .await
+            .expect("remove a kept key");
+    }
+    drop(node);
     c.close().await.unwrap();
 }
 
@@ -372,8 +479,111 @@ async fn a_full_disk_evicts_and_tells_the_master() {
         served > 0 && served < OBJECTS,
         "{served} of {OBJECTS} served"
     );
-    assert_eq!(s.queued, s.stored + s.refused + s.dropped, "{s:?}");
+    assert_conserved(&s);
     c.close().await.unwrap();
+}
+
+/// A disk too small for any object (1 MiB values, 512 KiB of disk: no record fits) refuses every
+/// offload: puts of 3× memory keep working in memory (each refusal unpins its source, so memory
+/// eviction makes room), every refusal is counted at `/metrics`, and reads return the right bytes
+/// or a clean miss.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_disk_refuses_offloads_and_puts_keep_working_in_memory() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let d = dir.path().to_str().unwrap();
+    let _node = StoreNode::start(
+        &master.rpc.to_string(),
+        SEGMENT,
+        &["--disk-dir", d, "--disk-capacity", "512KiB"],
+    );
+    let c = client(&master).await;
+    put_all(&c).await;
+    let s = settle(&c).await;
+    assert_conserved(&s);
+    assert_eq!((s.stored, s.refused), (0, OBJECTS as u64), "{s:?}");
+    assert_eq!(
+        metric(&master, "master_offload_tasks_refused_total"),
+        OBJECTS as f64
+    );
+    assert_eq!(metric(&master, "master_offload_tasks_stored_total"), 0.0);
+    let mut served = 0;
+    for i in 0..OBJECTS {
+        if let Ok(got) = c.get(&format!("obj/{i}")).await {
+            assert!(got == pattern(VALUE_BYTES, i as u64 + 1), "obj/{i} differs");
+            served += 1;
+        }
+    }
+    // The newest object is in memory; the oldest were evicted (nothing on disk to read).
+    let newest = c
+        .get(&format!("obj/{}", OBJECTS - 1))
+        .await
+        .expect("newest");
+    assert!(newest == pattern(VALUE_BYTES, OBJECTS as u64));
+    assert!(
+        served < OBJECTS,
+        "{served} of {OBJECTS} served with no disk"
+    );
+    c.close().await.unwrap();
+}
+
+/// Writers push objects through a disk of 8 MiB (the node evicts its oldest records again and
+/// again) while a second client reads the oldest keys still listed: every read is the right
+/// bytes or a clean miss, never another object's or torn bytes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_eviction_racing_reads_of_the_same_keys_gives_right_bytes_or_misses() {
+    const PUTS: usize = 48;
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let d = dir.path().to_str().unwrap();
+    let _node = StoreNode::start(
+        &master.rpc.to_string(),
+        SEGMENT,
+        &["--disk-dir", d, "--disk-capacity", "8MiB"],
+    );
+    let writer = client(&master).await;
+    let reader = client(&master).await;
+    let written = Arc::new(AtomicUsize::new(0));
+    let progress = written.clone();
+    let writing = tokio::spawn(async move {
+        for i in 0..PUTS {
+            put_one(&writer, i).await;
+            progress.store(i + 1, Ordering::Release);
+        }
+        writer
+    });
+    let (mut right, mut misses) = (0u64, 0u64);
+    let deadline = Instant::now() + Duration::from_secs(300);
+    while written.load(Ordering::Acquire) < PUTS {
+        assert!(Instant::now() < deadline, "the writer never finished");
+        let n = written.load(Ordering::Acquire);
+        // The oldest keys still on disk are the ones its eviction picks.
+        for i in n.saturating_sub(20)..n.saturating_sub(6) {
+            match reader.get(&format!("obj/{i}")).await {
+                Ok(got) => {
+                    assert!(
+                        got == pattern(VALUE_BYTES, i as u64 + 1),
+                        "obj/{i}: wrong bytes"
+                    );
+                    right += 1;
+                }
+                Err(_) => misses += 1,
+            }
+        }
+        tokio::task::yield_now().await;
+    }
+    let writer = writing.await.unwrap();
+    let s = settle(&reader).await;
+    assert_conserved(&s);
+    assert!(s.disk_evicted > 0, "the disk never evicted: {s:?}");
+    let disk_reads = reader.stats().offload_rpc_reads.load(Ordering::Relaxed);
+    assert!(
+        right > 0 && disk_reads > 0,
+        "{right} right reads ({misses} misses), {disk_reads} disk loads"
+    );
+    eprintln!("{right} right reads, {misses} clean misses, {disk_reads} disk loads, {s:?}");
+    writer.close().await.unwrap();
+    reader.close().await.unwrap();
 }
 
 /// Runs `mooncake store` with `extra` and returns (exit code, stderr) once it exits (at most

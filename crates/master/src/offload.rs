@@ -20,6 +20,11 @@
 //!   never held while taking another.
 //! - A LOCAL_DISK replica is never added for a node without a mounted disk; a node that expires
 //!   (client_ttl) loses its mount and every LOCAL_DISK replica it owned.
+//! - **Removal** of an object with LOCAL_DISK replicas queues a drop of its record for each owner
+//!   (`take_disk_drops`, `disk_objects_dropped`) and remembers the key as removed until a node
+//!   reports the record deleted or stores a newer value of the key; an advertisement of a
+//!   remembered key is refused (the node deletes the record and reports it): a node restarted on
+//!   its disk never brings a removed key back.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
@@ -49,12 +54,44 @@ struct DiskMount {
     /// Promotion tasks not handed out yet, and those not answered yet → the target replica.
     promotions: VecDeque<OffloadTask>,
     promoting: HashMap<(String, String), ReplicaId>,
+    /// `(tenant, key)` of removed objects whose record the node must delete, not handed out yet.
+    drops: VecDeque<(String, String)>,
 }
+
+/// Removed keys remembered at most (the oldest are forgotten first).
+const REMOVED_LIMIT: usize = 1 << 20;
 
 /// The disks of every node.
 #[derive(Debug, Default)]
 pub(crate) struct OffloadState {
     mounts: HashMap<ClientId, DiskMount>,
+    /// Keys removed while some node held them on disk, whose record no node has reported gone
+    /// yet → the sequence number of the removal (`removed_order` forgets the oldest).
+    removed: HashMap<(String, String), u64>,
+    removed_order: VecDeque<(u64, (String, String))>,
+    removals: u64,
+}
+
+impl OffloadState {
+    /// Remembers `key` as removed, forgetting the oldest beyond [`REMOVED_LIMIT`].
+    fn remember_removed(&mut self, key: (String, String)) {
+        self.removals += 1;
+        self.removed.insert(key.clone(), self.removals);
+        self.removed_order.push_back((self.removals, key));
+        while self.removed.len() > REMOVED_LIMIT {
+            let Some((seq, old)) = self.removed_order.pop_front() else {
+                break;
+            };
+            if self.removed.get(&old) == Some(&seq) {
+                self.removed.remove(&old);
+            }
+        }
+        if self.removed_order.len() > 2 * REMOVED_LIMIT {
+            let removed = &self.removed;
+            self.removed_order
+                .retain(|(seq, k)| removed.get(k) == Some(seq));
+        }
+    }
 }
 
 impl OffloadState {
@@ -117,6 +154,8 @@ pub(crate) struct OffloadCounters {
     dropped: AtomicU64,
     disk_evicted: AtomicU64,
     advertised: AtomicU64,
+    /// Records nodes deleted from their disks because their object was removed.
+    disk_dropped: AtomicU64,
     pub(crate) promotions: AtomicU64,
     pub(crate) promoted: AtomicU64,
     pub(crate) promotion_failures: AtomicU64,
@@ -135,6 +174,8 @@ pub struct OffloadStats {
     pub disk_evicted: u64,
     /// LOCAL_DISK replicas registered from a node's scan of its disk (restart, re-mount).
     pub advertised: u64,
+    /// Records nodes deleted from their disks because their object was removed.
+    pub disk_dropped: u64,
     /// Nodes with a mounted disk, and their capacity and usage as last reported.
     pub disks: u64,
     pub disk_capacity_bytes: u64,
@@ -179,6 +220,7 @@ impl MasterService {
             pending: HashMap::new(),
             promotions: VecDeque::new(),
             promoting: HashMap::new(),
+            drops: VecDeque::new(),
         });
         mount.endpoint = endpoint.to_string();
         mount.capacity_bytes = capacity_bytes;
@@ -222,14 +264,20 @@ impl MasterService {
     fn finish_offload(&self, client: ClientId, o: &OffloadOutcome) -> Result<(), ErrorCode> {
         let source = {
             let mut state = self.offload.lock();
+            let task_key = (o.tenant.clone(), o.key.clone());
             let mount = state
                 .mounts
                 .get_mut(&client)
                 .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
-            mount
+            let source = mount
                 .pending
-                .remove(&(o.tenant.clone(), o.key.clone()))
-                .ok_or(ErrorCode::INVALID_PARAMS)?
+                .remove(&task_key)
+                .ok_or(ErrorCode::INVALID_PARAMS)?;
+            if o.stored {
+                // A newer value is on disk: the key is live again.
+                state.removed.remove(&task_key);
+            }
+            source
         };
         let counter = if o.stored {
             &self.offload_counters.stored
@@ -357,6 +405,10 @@ impl MasterService {
                 buffer_address: info.base + h.offset(),
             };
             r.refcnt = r.refcnt.saturating_add(1);
+            // The new record replaces the removed one: deleting it afterwards would lose it.
+            if !mount.drops.is_empty() {
+                mount.drops.retain(|d| *d != task_key);
+            }
             mount.pending.insert(task_key, r.id);
             mount.mailbox.push_back(task);
             self.offload_counters.queued.fetch_add(1, Ordering::Relaxed);
@@ -388,6 +440,12 @@ impl MasterService {
             return Err(ErrorCode::INVALID_PARAMS);
         }
         let tenant = self.resolve_tenant(&o.tenant)?;
+        let removed = (tenant_name(tenant), o.key.clone());
+        if self.offload.lock().removed.contains_key(&removed) {
+            // Removed while this record was on disk: the node deletes it and says so
+            // (NotifyDiskDrops); until then every advertisement of it is refused.
+            return Err(ErrorCode::OBJECT_NOT_FOUND);
+        }
         // The key's stripe keeps a PutStart of the same key out while a disk-only object is
         // created (as PutStart itself does).
         let _stripe = self.index.stripe(key_hash(tenant, &o.key)).lock();
@@ -466,6 +524,67 @@ impl MasterService {
             .collect()
     }
 
+    /// The object `key` with `m` is being removed: each node holding it on disk is told to delete
+    /// its record, and the key is remembered as removed (see the module doc). Called under the
+    /// object's shard write lock.
+    pub(crate) fn forget_disk_copies(&self, tenant: Tenant<'_>, key: &str, m: &ObjectMetadata) {
+        let mut owners = m.replicas.iter().filter_map(|r| match r.data.place() {
+            Place::LocalDisk(d) => Some(d.client_id),
+            _ => None,
+        });
+        let Some(first) = owners.next() else { return };
+        let limit = usize::try_from(self.config.offloading_queue_limit).unwrap_or(usize::MAX);
+        let removed = (tenant_name(tenant), key.to_string());
+        let mut state = self.offload.lock();
+        for owner in std::iter::once(first).chain(owners) {
+            if let Some(mount) = state.mounts.get_mut(&owner) {
+                if mount.drops.len() < limit {
+                    mount.drops.push_back(removed.clone());
+                }
+            }
+        }
+        state.remember_removed(removed);
+    }
+
+    /// Up to `max` records `client` must delete from its disk (objects removed at the master).
+    /// SEGMENT_NOT_FOUND when its disk is not mounted.
+    pub fn take_disk_drops(
+        &self,
+        client: ClientId,
+        max: usize,
+    ) -> Result<Vec<DiskObject>, ErrorCode> {
+        let mut state = self.offload.lock();
+        let mount = state
+            .mounts
+            .get_mut(&client)
+            .ok_or(ErrorCode::SEGMENT_NOT_FOUND)?;
+        let n = max.min(mount.drops.len());
+        Ok(mount
+            .drops
+            .drain(..n)
+            .map(|(tenant, key)| DiskObject {
+                tenant,
+                key,
+                size: 0,
+            })
+            .collect())
+    }
+
+    /// `client` deleted these records from its disk: their keys are no longer remembered as
+    /// removed.
+    pub fn disk_objects_dropped(&self, objects: &[DiskObject]) {
+        let mut state = self.offload.lock();
+        for o in objects {
+            // A node names the default tenant as its disk records do ("default").
+            if let Ok(tenant) = self.resolve_tenant(&o.tenant) {
+                state.removed.remove(&(tenant_name(tenant), o.key.clone()));
+            }
+        }
+        self.offload_counters
+            .disk_dropped
+            .fetch_add(objects.len() as u64, Ordering::Relaxed);
+    }
+
     /// Forgets the disks of expired clients (their pending tasks die with them: the source
     /// replicas were on their own segments). Their LOCAL_DISK replicas go in the sweep.
     pub(crate) fn unmount_disks_of(&self, expired: &[ClientId]) {
@@ -497,6 +616,7 @@ impl MasterService {
             in_flight: state.mounts.values().map(|d| d.pending.len() as u64).sum(),
             disk_evicted: load(&c.disk_evicted),
             advertised: load(&c.advertised),
+            disk_dropped: load(&c.disk_dropped),
             disks: state.mounts.len() as u64,
             disk_capacity_bytes: state.mounts.values().map(|d| d.capacity_bytes).sum(),
             disk_used_bytes: state.mounts.values().map(|d| d.used_bytes).sum(),

@@ -50,6 +50,7 @@ impl MasterService {
     ) -> Result<(), ErrorCode> {
         self.edit_live_entry(shard, tenant, hash, key, |meta, edit| {
             self.check_removable(meta, now_ms, force)?;
+            self.forget_disk_copies(tenant, key, meta);
             edit.erase();
             Ok(())
         })
@@ -131,6 +132,7 @@ impl MasterService {
                         && match judge(&entry.key, &mut entry.meta) {
                             Verdict::Keep => true,
                             Verdict::Erase => {
+                                self.forget_disk_copies(tenant, &entry.key, &entry.meta);
                                 erased += 1;
                                 false
                             }
@@ -216,6 +218,7 @@ impl MasterService {
                 }
                 if segment_name.is_empty() {
                     if meta.all_complete() {
+                        self.forget_disk_copies(tenant, key, meta);
                         edit.erase();
                         return Ok(true);
                     }

@@ -446,3 +446,73 @@ fn last_access_orders_victims_reads_refresh_it() {
     assert!(exists(&m, "k0"));
     assert!(!exists(&m, "k1") && !exists(&m, "k2"));
 }
+
+#[test]
+fn an_owner_expired_and_remounted_under_a_dead_writers_put_gets_all_its_space_back() {
+    // The segment owner C1 misses its TTL while C2's put into C1's segment is in flight, and
+    // re-joins (ReMount of the same segment); C2 died mid-put. In every order of the two expiries
+    // (together, the writer first, the owner first while the writer still pings) the segment
+    // ends wholly free, the key usable, and nothing of the dead put comes back.
+    for order in ["together", "writer first", "owner first"] {
+        let (clock, m) = master();
+        let a = seg(1, "a", 1 << 20);
+        m.mount_segment(&a, C1).unwrap();
+        m.ping(C1).unwrap();
+        m.ping(C2).unwrap();
+        m.put_start(C2, "dead-put", 600 << 10, &on("a"), "")
+            .unwrap();
+        let used = |m: &mooncake_master::MasterService| {
+            m.segment_usage()
+                .iter()
+                .find(|u| u.name == "a")
+                .and_then(|u| u.used_bytes)
+        };
+        assert_eq!(used(&m), Some(600 << 10));
+        m.run_client_monitor_once();
+        clock.advance(10_001);
+        match order {
+            "writer first" => {
+                m.ping(C1).unwrap();
+                assert_eq!(m.run_client_monitor_once(), 1, "{order}: C2 expired");
+                clock.advance(10_001);
+                assert_eq!(m.run_client_monitor_once(), 1, "{order}: C1 expired");
+            }
+            "owner first" => {
+                m.ping(C2).unwrap();
+                assert_eq!(m.run_client_monitor_once(), 1, "{order}: C1 expired");
+            }
+            _ => assert_eq!(m.run_client_monitor_once(), 2, "{order}: both expired"),
+        }
+        assert_eq!(
+            m.total_capacity_bytes(),
+            0,
+            "{order}: C1's segment unmounted"
+        );
+        // C1 comes back: its first ping says NEED_REMOUNT, it mounts the same segment again.
+        assert_eq!(
+            m.ping(C1).unwrap().client_status,
+            ClientStatus::NEED_REMOUNT
+        );
+        m.remount_segments(std::slice::from_ref(&a), C1).unwrap();
+        assert_eq!(
+            used(&m),
+            Some(0),
+            "{order}: a re-mounted segment starts empty"
+        );
+        // Whatever is left of C2 goes at its expiry.
+        clock.advance(10_001);
+        m.ping(C1).unwrap();
+        m.run_client_monitor_once();
+        assert_eq!(used(&m), Some(0), "{order}");
+        assert!(m.object_info("dead-put", "").unwrap().is_none(), "{order}");
+        // The whole segment is usable again: a put of nearly all of it fits, under the key.
+        put_cfg(&m, C1, "dead-put", 1000 << 10, &on("a"));
+        assert!(m.get_replica_list("dead-put", "").is_ok(), "{order}");
+        assert_eq!(
+            m.put_end(C2, &ObjectMeta::new("dead-put"), ReplicaType::ALL, ""),
+            Err(ErrorCode::ILLEGAL_CLIENT),
+            "{order}"
+        );
+        assert_accounting(&m);
+    }
+}

@@ -281,6 +281,17 @@ methods! {
             check_len(s.outcomes.len(), l)?;
             s.outcomes.iter().try_for_each(|o| check_key(&o.key, l))
         };
+    /// Takes up to `max` records `client` must delete from its disk (their objects were
+    /// removed). SEGMENT_NOT_FOUND when its disk is not mounted.
+    68 TakeDiskDrops { client: ClientId, max: u64 } -> Vec<DiskObject>,
+        limits(s, l) { Ok(()) };
+    /// `client` deleted these records from its disk (durably): the master forgets their
+    /// removal.
+    69 NotifyDiskDrops { client: ClientId, objects: Vec<DiskObject> } -> (),
+        limits(s, l) {
+            check_len(s.objects.len(), l)?;
+            s.objects.iter().try_for_each(|o| check_key(&o.key, l))
+        };
     /// Served by a store node's disk server, not the master: loads each key of `tenant` (of the
     /// given size) from the node's disk into its staging memory and answers where to read it.
     70 LoadDiskObjects { tenant: String, keys: Vec<String>, sizes: Vec<u64> } -> LoadedDiskObjects,

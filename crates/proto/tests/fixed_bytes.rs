@@ -384,6 +384,8 @@ fn method_id_table_is_pinned() {
         (65, "GetOffloadStats"),
         (66, "PromotionHeartbeat"),
         (67, "NotifyPromotion"),
+        (68, "TakeDiskDrops"),
+        (69, "NotifyDiskDrops"),
         (70, "LoadDiskObjects"),
         (71, "ReleaseDiskObjects"),
         (80, "DrainSegment"),

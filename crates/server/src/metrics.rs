@@ -166,6 +166,26 @@ fn slot(method: u16) -> Option<usize> {
     METHODS.iter().position(|(id, _)| *id == method)
 }
 
+/// The upstream method whose families also count our pinned form `method` (a read or an
+/// existence check that takes a read pin instead of the lease is the same call to upstream's
+/// dashboards, which know only upstream's families); the pinned form's own families break its
+/// share out.
+fn upstream_form(method: u16) -> Option<u16> {
+    use mooncake_proto::methods::{self as m, Method};
+    match method {
+        m::GetReplicaListPinned::ID => Some(m::GetReplicaList::ID),
+        m::BatchGetReplicaListPinned::ID => Some(m::BatchGetReplicaList::ID),
+        m::ExistKeyPinned::ID => Some(m::ExistKey::ID),
+        m::BatchExistKeyPinned::ID => Some(m::BatchExistKey::ID),
+        _ => None,
+    }
+}
+
+/// The counter slots of `method`: its own, then its upstream form's (see [`upstream_form`]).
+fn slots(method: u16) -> impl Iterator<Item = Option<usize>> {
+    std::iter::once(slot(method)).chain(upstream_form(method).map(slot))
+}
+
 fn add(counter: &AtomicU64, n: u64) {
     counter.fetch_add(n, Ordering::Relaxed);
 }
@@ -188,24 +208,31 @@ const ALSO_EXPORTED_AS: &[(&str, &str)] = &[("MarkTaskToComplete", "update_task"
 impl RpcMetrics {
     /// Counts one request of `method`, and a failure when `failed`.
     pub fn record(&self, method: u16, failed: bool) {
-        match slot(method) {
-            Some(i) => {
-                add(&self.requests[i], 1);
-                if failed {
-                    add(&self.failures[i], 1);
+        for slot in slots(method) {
+            match slot {
+                Some(i) => {
+                    add(&self.requests[i], 1);
+                    if failed {
+                        add(&self.failures[i], 1);
+                    }
                 }
+                None => add(&self.unknown_method_requests, 1),
             }
-            None => add(&self.unknown_method_requests, 1),
         }
     }
 
     /// Counts one batch call of `method` over `items` items of which `failed_items` failed
     /// (`call_failed`: the whole call was refused, every item counts as failed).
     pub fn record_batch(&self, method: u16, items: usize, failed_items: usize, call_failed: bool) {
-        let Some(i) = slot(method) else {
-            add(&self.unknown_method_requests, 1);
-            return;
-        };
+        for slot in slots(method) {
+            match slot {
+                Some(i) => self.record_batch_in(i, items, failed_items, call_failed),
+                None => add(&self.unknown_method_requests, 1),
+            }
+        }
+    }
+
+    fn record_batch_in(&self, i: usize, items: usize, failed_items: usize, call_failed: bool) {
         let failed_items = if call_failed {
             items
         } else {
@@ -1223,6 +1250,11 @@ pub fn render_offload(s: &mooncake_master::OffloadStats, out: &mut String) {
             s.advertised,
         ),
         (
+            "master_disk_dropped_records_total",
+            "Disk records nodes deleted because their object was removed",
+            s.disk_dropped,
+        ),
+        (
             "master_promotions_started_total",
             "Promotions on hit started (a memory replica allocated for a disk-only object)",
             s.promotions,
@@ -1339,7 +1371,8 @@ mod tests {
     use super::*;
     use mooncake_common::{MemoryDescriptor, ReplicaId, ReplicaStatus};
     use mooncake_proto::methods::{
-        BatchPutStart, MarkTaskToComplete, Method, PutStart, ReMountSegment,
+        BatchExistKeyPinned, BatchGetReplicaListPinned, BatchPutStart, ExistKey, ExistKeyPinned,
+        GetReplicaList, GetReplicaListPinned, MarkTaskToComplete, Method, PutStart, ReMountSegment,
     };
     use std::collections::HashSet;
 
@@ -1374,6 +1407,41 @@ mod tests {
         assert!(all
             .iter()
             .all(|(_, kind, _)| ["counter", "gauge", "histogram"].contains(kind)));
+    }
+
+    #[test]
+    fn pinned_lookups_also_count_in_upstreams_families() {
+        let metrics = RpcMetrics::default();
+        metrics.record(ExistKey::ID, false);
+        metrics.record(ExistKeyPinned::ID, false);
+        metrics.record(ExistKeyPinned::ID, true);
+        metrics.record(GetReplicaListPinned::ID, false);
+        metrics.record_batch(BatchExistKeyPinned::ID, 4, 1, false);
+        metrics.record_batch(BatchGetReplicaListPinned::ID, 3, 0, true);
+        assert_eq!(metrics.requests(ExistKey::ID), 3);
+        assert_eq!(metrics.failures(ExistKey::ID), 1);
+        assert_eq!(metrics.requests(ExistKeyPinned::ID), 2);
+        assert_eq!(metrics.requests(GetReplicaList::ID), 1);
+        let mut text = String::new();
+        metrics.render(&mut text);
+        assert_eq!(value(&text, "master_exist_key_requests_total"), Some(3));
+        assert_eq!(
+            value(&text, "master_exist_key_pinned_requests_total"),
+            Some(2)
+        );
+        assert_eq!(value(&text, "master_batch_exist_key_items_total"), Some(4));
+        assert_eq!(
+            value(&text, "master_batch_exist_key_partial_successes_total"),
+            Some(1)
+        );
+        assert_eq!(
+            value(&text, "master_batch_get_replica_list_failed_items_total"),
+            Some(3)
+        );
+        assert_eq!(
+            value(&text, "master_unknown_method_requests_total"),
+            Some(0)
+        );
     }
 
     #[test]

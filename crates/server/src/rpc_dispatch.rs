@@ -534,6 +534,13 @@ impl Handler for MasterRpc {
                 |r: &m::EvictDiskObjects| r.objects.len(),
                 |ms, r| Ok(ms.evict_disk_objects(r.client, &r.objects)),
             ),
+            m::TakeDiskDrops::ID => self.serve(body, out, |ms, r: &m::TakeDiskDrops| {
+                ms.take_disk_drops(r.client, usize::try_from(r.max).unwrap_or(usize::MAX))
+            }),
+            m::NotifyDiskDrops::ID => self.serve(body, out, |ms, r: &m::NotifyDiskDrops| {
+                ms.disk_objects_dropped(&r.objects);
+                Ok(())
+            }),
             m::GetOffloadStats::ID => self.serve(body, out, |ms, _: &m::GetOffloadStats| {
                 let s = ms.offload_stats();
                 Ok(m::OffloadStatsReply {

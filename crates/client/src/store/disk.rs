@@ -395,6 +395,20 @@ impl DiskTier {
         out
     }
 
+    /// Deletes the records of `keys` (storage keys) and makes the deletions durable; per key,
+    /// whether it is gone (deleted, or absent already). Blocks on disk I/O.
+    pub fn delete(&self, keys: &[String]) -> Vec<bool> {
+        let gone: Vec<bool> = keys
+            .iter()
+            .map(|k| self.backend.remove(k).is_ok())
+            .collect();
+        if let Err(error) = self.backend.flush() {
+            tracing::warn!(%error, "flushing deleted disk records failed");
+            return vec![false; keys.len()];
+        }
+        gone
+    }
+
     /// Reserves a staging slot of `len` bytes, reclaiming expired leases once when short.
     fn reserve(&self, slots: &mut Slots, len: u64) -> Option<(u64, u64)> {
         let aligned = len.div_ceil(SLOT_ALIGN).max(1) * SLOT_ALIGN;

@@ -152,12 +152,88 @@ impl StoreClient {
             if refused > 0 {
                 tracing::info!(
                     refused,
-                    "disk objects the master did not take (another value, or a bad tenant)"
+                    "disk objects the master did not take (removed, another value, or a bad tenant)"
                 );
             }
+            // Removed while on this disk: delete them, so no later advertisement revives them.
+            let removed: Vec<DiskObject> = chunk
+                .iter()
+                .zip(&results)
+                .filter(|(_, r)| matches!(r, Err(ErrorCode::OBJECT_NOT_FOUND)))
+                .map(|(o, _)| o.clone())
+                .collect();
+            self.report_deleted(delete_records(&disk, removed).await?)
+                .await?;
         }
         Ok(())
     }
+
+    /// NotifyDiskDrops for `gone` (nothing to say when empty).
+    async fn report_deleted(&self, gone: Vec<DiskObject>) -> Result<(), StoreError> {
+        if gone.is_empty() {
+            return Ok(());
+        }
+        self.inner
+            .master
+            .call(&m::NotifyDiskDrops {
+                client: self.client_id(),
+                objects: gone,
+            })
+            .await?;
+        Ok(())
+    }
+
+    /// Deletes the records of objects removed at the master (TakeDiskDrops) and reports them
+    /// gone (NotifyDiskDrops), while full batches come.
+    async fn drop_once(&self, disk: &Arc<DiskTier>) -> Result<(), StoreError> {
+        loop {
+            let drops = self
+                .inner
+                .master
+                .call(&m::TakeDiskDrops {
+                    client: self.client_id(),
+                    max: DROPS_PER_HEARTBEAT,
+                })
+                .await?;
+            let full = drops.len() as u64 >= DROPS_PER_HEARTBEAT;
+            if drops.is_empty() {
+                return Ok(());
+            }
+            self.report_deleted(delete_records(disk, drops).await?)
+                .await?;
+            if !full {
+                return Ok(());
+            }
+        }
+    }
+}
+
+/// Records taken per TakeDiskDrops call.
+const DROPS_PER_HEARTBEAT: u64 = 1024;
+
+/// Deletes `objects`' records from `disk` (on a blocking thread); the ones that are gone.
+async fn delete_records(
+    disk: &Arc<DiskTier>,
+    objects: Vec<DiskObject>,
+) -> Result<Vec<DiskObject>, StoreError> {
+    if objects.is_empty() {
+        return Ok(objects);
+    }
+    let disk = disk.clone();
+    tokio::task::spawn_blocking(move || {
+        let keys: Vec<String> = objects
+            .iter()
+            .map(|o| storage_key(&o.tenant, &o.key))
+            .collect();
+        let gone = disk.delete(&keys);
+        objects
+            .into_iter()
+            .zip(gone)
+            .filter_map(|(o, gone)| gone.then_some(o))
+            .collect()
+    })
+    .await
+    .map_err(|e| StoreError::InvalidParams(format!("disk delete worker: {e}")))
 }
 
 /// The backend evicted `keys`: tell the master before their space is reused (the listener runs
@@ -208,6 +284,10 @@ async fn offload_loop(inner: Weak<Inner>) {
             return;
         };
         let interval = disk.config().offload_interval;
+        // Drops first: a record deleted after a newer offload of its key would lose the newer.
+        if let Err(error) = client.drop_once(&disk).await {
+            tracing::debug!(%error, "disk drop heartbeat failed");
+        }
         if let Err(error) = client.promote_once(&disk).await {
             tracing::debug!(%error, "promotion heartbeat failed");
         }
