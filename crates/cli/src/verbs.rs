@@ -215,7 +215,7 @@ pub fn rm(args: RmArgs) -> anyhow::Result<()> {
 pub fn stat(args: StatArgs) -> anyhow::Result<()> {
     let client = connect(&args.target)?;
     let master = client.client().master();
-    let (version, segments, keys, jobs) = client.block_on(async {
+    let (version, segments, keys, jobs, disks) = client.block_on(async {
         (
             master.call(&m::ServiceReady {}).await,
             master.call(&m::GetSegmentsDetail {}).await,
@@ -225,6 +225,7 @@ pub fn stat(args: StatArgs) -> anyhow::Result<()> {
                 })
                 .await,
             master.call(&m::ListDrainJobs {}).await,
+            master.call(&m::ListLocalDisks {}).await,
         )
     });
     let _ = client.close();
@@ -255,6 +256,8 @@ pub fn stat(args: StatArgs) -> anyhow::Result<()> {
             crate::drain::progress_line(&job)
         );
     }
+    // A master that predates local disks answers NOT_SUPPORTED: nodes show memory only.
+    print_nodes(&segments, &disks.unwrap_or_default());
     if segments.is_empty() {
         return Ok(());
     }
@@ -280,6 +283,55 @@ pub fn stat(args: StatArgs) -> anyhow::Result<()> {
         );
     }
     Ok(())
+}
+
+/// One node's memory (its segments) and local disk, for `mooncake stat`.
+#[derive(Default)]
+struct NodeUsage<'a> {
+    segments: usize,
+    memory: u64,
+    memory_used: u64,
+    disk: Option<&'a m::LocalDiskDetail>,
+}
+
+/// Prints memory and disk usage per node (client), one line each.
+fn print_nodes(segments: &[m::SegmentDetail], disks: &[m::LocalDiskDetail]) {
+    let mut nodes: std::collections::BTreeMap<String, NodeUsage<'_>> = Default::default();
+    for s in segments {
+        let node = nodes.entry(s.client.to_string()).or_default();
+        node.segments += 1;
+        node.memory += s.capacity_bytes;
+        node.memory_used += s.used_bytes.unwrap_or(0);
+    }
+    for d in disks {
+        nodes.entry(d.client.to_string()).or_default().disk = Some(d);
+    }
+    if nodes.is_empty() {
+        return;
+    }
+    println!(
+        "{:<36} {:>4} {:>10} {:>10} {:>10} {:>10}  disk endpoint",
+        "node", "segs", "memory", "mem used", "disk", "disk used"
+    );
+    for (client, n) in &nodes {
+        let (disk, disk_used, endpoint) = match n.disk {
+            Some(d) => (
+                format_size(d.capacity_bytes),
+                format_size(d.used_bytes),
+                d.endpoint.as_str(),
+            ),
+            None => ("-".into(), "-".into(), "-"),
+        };
+        println!(
+            "{:<36} {:>4} {:>10} {:>10} {:>10} {:>10}  {endpoint}",
+            client,
+            n.segments,
+            format_size(n.memory),
+            format_size(n.memory_used),
+            disk,
+            disk_used
+        );
+    }
 }
 
 /// `mooncake snapshot`: the master writes a snapshot now; prints the file, its size, the object

@@ -10,7 +10,7 @@
 mod common;
 
 use common::{pattern, MasterOptions, MasterProcess, StoreNode};
-use mooncake_client::{StoreClient, StoreConfig};
+use mooncake_client::{RangeRead, StoreClient, StoreConfig};
 use mooncake_common::{ReplicaKind, ReplicateConfig};
 use mooncake_proto::methods as m;
 use std::path::Path;
@@ -480,6 +480,93 @@ async fn a_full_disk_evicts_and_tells_the_master() {
         "{served} of {OBJECTS} served"
     );
     assert_conserved(&s);
+    c.close().await.unwrap();
+}
+
+/// Ranged reads of disk-only objects: several ranges of one object and ranges of two objects in
+/// one call come back byte-exact (each object loaded once from its node's disk), and a range past
+/// the end fails alone with a clear error.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ranged_reads_of_disk_only_objects() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let on_disk = wait_disk_only(&c, 2).await;
+    let names: Vec<String> = on_disk[..2].iter().map(|i| format!("obj/{i}")).collect();
+    let keys: Vec<&str> = names.iter().map(String::as_str).collect();
+    let values: Vec<Vec<u8>> = on_disk[..2]
+        .iter()
+        .map(|i| pattern(VALUE_BYTES, *i as u64 + 1))
+        .collect();
+    // (key index, offset, length); the last runs past the end.
+    let asked = [
+        (0, 0, 4096),
+        (0, 123_457, 65_536),
+        (1, VALUE_BYTES - 100, 100),
+        (1, 1, 1),
+        (0, VALUE_BYTES - 10, 11),
+    ];
+    let mut buffers: Vec<Vec<u8>> = asked.iter().map(|(_, _, n)| vec![0u8; *n]).collect();
+    let loads_before = c.stats().offload_rpc_reads.load(Ordering::Relaxed);
+    let mut fragments: Vec<RangeRead<'_>> = asked
+        .iter()
+        .zip(buffers.iter_mut())
+        .map(|((key, offset, _), dst)| RangeRead {
+            key: *key,
+            offset: *offset as u64,
+            dst,
+        })
+        .collect();
+    let results = c.get_ranges(&keys, &mut fragments).await;
+    drop(fragments);
+    let (last, ranges) = results.split_last().unwrap();
+    assert!(last.is_err(), "a range past the end was read: {last:?}");
+    for ((result, (key, offset, len)), got) in ranges.iter().zip(&asked).zip(&buffers) {
+        assert_eq!(result.as_ref().ok(), Some(&(*len as u64)), "{result:?}");
+        assert!(
+            got[..] == values[*key][*offset..offset + len],
+            "range {offset}+{len} of {} differs",
+            keys[*key]
+        );
+    }
+    let loads = c.stats().offload_rpc_reads.load(Ordering::Relaxed) - loads_before;
+    assert_eq!(loads, 2, "one disk load per object");
+    c.close().await.unwrap();
+}
+
+/// `mooncake stat` shows each node's memory and disk: the disk node's line has its segment's
+/// capacity, its disk's capacity and the usage the master last heard, and its disk endpoint.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stat_shows_memory_and_disk_per_node() {
+    let dir = tempfile::tempdir().unwrap();
+    let master = MasterProcess::start(&["--enable_offload=true"]);
+    let _node = disk_node(&master, dir.path());
+    let c = client(&master).await;
+    put_all(&c).await;
+    let used = settle(&c).await.disk_used_bytes;
+    assert!(used > 0);
+    let disks = c.master().call(&m::ListLocalDisks {}).await.unwrap();
+    assert_eq!(disks.len(), 1, "{disks:?}");
+    let text = common::verb_ok(&["stat", "--master", &master.rpc.to_string()]);
+    let header = text
+        .lines()
+        .find(|l| l.starts_with("node "))
+        .unwrap_or_else(|| panic!("no node table in\n{text}"));
+    assert!(header.contains("disk used"), "{header}");
+    let row = text
+        .lines()
+        .find(|l| l.starts_with(&disks[0].client.to_string()))
+        .unwrap_or_else(|| panic!("no line for the disk node in\n{text}"));
+    for expected in [
+        "8 MiB".to_string(),
+        "256 MiB".to_string(),
+        mooncake_common::format_size(disks[0].used_bytes),
+        disks[0].endpoint.clone(),
+    ] {
+        assert!(row.contains(&expected), "{expected:?} not in {row:?}");
+    }
     c.close().await.unwrap();
 }
 

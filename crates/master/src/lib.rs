@@ -88,7 +88,7 @@ pub use hot_keys::{DynamicReplicationMode, HotKeyStats};
 pub use index::{SHARD_COUNT, STRIPE_COUNT};
 pub use mutation::{MasterState, Mutation, MutationObserver, ObjectRecord};
 pub use object::ObjectInfo;
-pub use offload::OffloadStats;
+pub use offload::{LocalDiskUsage, OffloadStats};
 pub use put_timeouts::PutTimeoutReport;
 pub use quota::{effective_quotas, PolicyError, TenantPolicy, TenantQuotaSnapshot};
 pub use restore::{

@@ -188,6 +188,15 @@ pub struct OffloadStats {
     pub promotions_in_flight: u64,
 }
 
+/// One node's mounted disk: where readers reach it, its capacity and its usage as last reported.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LocalDiskUsage {
+    pub client: ClientId,
+    pub endpoint: String,
+    pub capacity_bytes: u64,
+    pub used_bytes: u64,
+}
+
 pub(crate) fn tenant_name(tenant: Tenant<'_>) -> String {
     match tenant {
         Tenant::Default => String::new(),
@@ -596,6 +605,23 @@ impl MasterService {
                     .fetch_add(mount.pending.len() as u64, Ordering::Relaxed);
             }
         }
+    }
+
+    /// Every mounted disk, ordered by client.
+    pub fn local_disks(&self) -> Vec<LocalDiskUsage> {
+        let state = self.offload.lock();
+        let mut out: Vec<LocalDiskUsage> = state
+            .mounts
+            .iter()
+            .map(|(client, d)| LocalDiskUsage {
+                client: *client,
+                endpoint: d.endpoint.clone(),
+                capacity_bytes: d.capacity_bytes,
+                used_bytes: d.used_bytes,
+            })
+            .collect();
+        out.sort_by_key(|d| d.client);
+        out
     }
 
     /// Whether `client` has a mounted disk.

@@ -292,6 +292,10 @@ methods! {
             check_len(s.objects.len(), l)?;
             s.objects.iter().try_for_each(|o| check_key(&o.key, l))
         };
+    /// Every mounted local disk: its node, endpoint, capacity and usage as last reported
+    /// (`mooncake stat`). Empty on a master without `enable_offload`. Ours.
+    72 ListLocalDisks {} -> Vec<LocalDiskDetail>,
+        limits(s, l) { Ok(()) };
     /// Served by a store node's disk server, not the master: loads each key of `tenant` (of the
     /// given size) from the node's disk into its staging memory and answers where to read it.
     70 LoadDiskObjects { tenant: String, keys: Vec<String>, sizes: Vec<u64> } -> LoadedDiskObjects,
@@ -410,6 +414,17 @@ pub struct ConfirmReplicasResponse {
     pub verified: u64,
     /// Replicas dropped because their bytes did not match.
     pub dropped: u64,
+}
+
+/// One node's mounted local disk as `ListLocalDisks` reports it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+pub struct LocalDiskDetail {
+    pub client: ClientId,
+    /// The node's disk server (`host:port`).
+    pub endpoint: String,
+    pub capacity_bytes: u64,
+    /// As the node last reported it (mount, offload heartbeat).
+    pub used_bytes: u64,
 }
 
 /// One mounted segment as `GetSegmentsDetail` reports it.

@@ -386,6 +386,7 @@ fn method_id_table_is_pinned() {
         (67, "NotifyPromotion"),
         (68, "TakeDiskDrops"),
         (69, "NotifyDiskDrops"),
+        (72, "ListLocalDisks"),
         (70, "LoadDiskObjects"),
         (71, "ReleaseDiskObjects"),
         (80, "DrainSegment"),

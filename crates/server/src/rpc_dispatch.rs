@@ -534,6 +534,18 @@ impl Handler for MasterRpc {
                 |r: &m::EvictDiskObjects| r.objects.len(),
                 |ms, r| Ok(ms.evict_disk_objects(r.client, &r.objects)),
             ),
+            m::ListLocalDisks::ID => self.serve(body, out, |ms, _: &m::ListLocalDisks| {
+                Ok(ms
+                    .local_disks()
+                    .into_iter()
+                    .map(|d| m::LocalDiskDetail {
+                        client: d.client,
+                        endpoint: d.endpoint,
+                        capacity_bytes: d.capacity_bytes,
+                        used_bytes: d.used_bytes,
+                    })
+                    .collect::<Vec<_>>())
+            }),
             m::TakeDiskDrops::ID => self.serve(body, out, |ms, r: &m::TakeDiskDrops| {
                 ms.take_disk_drops(r.client, usize::try_from(r.max).unwrap_or(usize::MAX))
             }),

@@ -4,10 +4,14 @@
 //!
 //! Ranges are read from (and written to) memory replicas at `buffer_address + offset`, so only
 //! the asked bytes move. They carry no checksum (the object's CRC32C covers whole objects), as
-//! upstream's ranged reads do not; the read lease is still checked.
+//! upstream's ranged reads do not; the read lease is still checked. An object whose preferred
+//! replica is on a node's disk (disk-only) is loaded whole, once per call, through the read path
+//! of `get` (the disk record's CRC and the object's checksum checked) and its ranges are copied
+//! out: a disk record is read whole anyway.
 
 use mooncake_common::{GetReplicaListResponse, ReplicaDescriptor, ReplicaKind};
 use mooncake_transfer::{TransferError, TransferRequest};
+use std::collections::hash_map::{Entry, HashMap};
 use std::time::Instant;
 
 use super::read::PlannedRead;
@@ -97,18 +101,20 @@ impl StoreClient {
             .iter()
             .map(|l| l.as_ref().map_err(Clone::clone))
             .collect();
-        self.read_ranges(&refs, fragments).await
+        self.read_ranges(keys, &refs, fragments).await
     }
 
     /// The read leg of ranged reads, once every key is located (`located[f.key]`).
     pub(super) async fn read_ranges(
         &self,
+        keys: &[&str],
         located: &[Result<&Located, StoreError>],
         fragments: &mut [RangeRead<'_>],
     ) -> Vec<Result<u64, StoreError>> {
         let mut results: Vec<Option<Result<u64, StoreError>>> = Vec::new();
         results.resize_with(fragments.len(), || None);
         let mut plan: Vec<PlannedRead<'_>> = Vec::new();
+        let mut disk_only: Vec<(usize, &Located)> = Vec::new();
         for (tag, fragment) in fragments.iter_mut().enumerate() {
             let checked = located
                 .get(fragment.key)
@@ -136,16 +142,21 @@ impl StoreClient {
                 results[tag] = Some(Err(StoreError::NoReadableReplica { key: String::new() }));
                 continue;
             };
+            if matches!(l.response.replicas[first].kind, ReplicaKind::LocalDisk(_)) {
+                disk_only.push((tag, l));
+                continue;
+            }
             let replica = shifted(&l.response.replicas[first], fragment.offset);
             plan.push((
                 tag,
                 fragment.dst.as_mut_ptr() as usize,
                 fragment.dst.len(),
                 replica,
-                // Ranged reads of LOCAL_DISK replicas are not served: no key, a clean miss.
                 "",
             ));
         }
+        self.read_disk_ranges(keys, &disk_only, fragments, &mut results)
+            .await;
         let mut first = self.read_planned(&plan).await;
         for (tag, ..) in &plan {
             let fragment = &mut fragments[*tag];
@@ -190,6 +201,44 @@ impl StoreClient {
             .into_iter()
             .map(|r| r.unwrap_or(Err(StoreError::InvalidParams("lost fragment".into()))))
             .collect()
+    }
+
+    /// The ranges of disk-only objects: each object read whole once (as `get` reads it), then
+    /// each range copied out of it.
+    async fn read_disk_ranges(
+        &self,
+        keys: &[&str],
+        disk_only: &[(usize, &Located)],
+        fragments: &mut [RangeRead<'_>],
+        results: &mut [Option<Result<u64, StoreError>>],
+    ) {
+        let mut whole: HashMap<usize, Result<Vec<u8>, StoreError>> = HashMap::new();
+        for &(tag, l) in disk_only {
+            let fragment = &mut fragments[tag];
+            if let Entry::Vacant(slot) = whole.entry(fragment.key) {
+                slot.insert(match keys.get(fragment.key) {
+                    Some(key) => self.get_located(key, l.asked, &l.response).await,
+                    None => Err(StoreError::InvalidParams(
+                        "fragment of an unknown key".into(),
+                    )),
+                });
+            }
+            let start = fragment.offset as usize;
+            let len = fragment.dst.len();
+            results[tag] = Some(match &whole[&fragment.key] {
+                Ok(bytes) => match bytes.get(start..start + len) {
+                    Some(range) => {
+                        fragment.dst.copy_from_slice(range);
+                        Ok(len as u64)
+                    }
+                    None => Err(StoreError::InvalidParams(format!(
+                        "range [{start}, +{len}) runs past the {}-byte object read",
+                        bytes.len()
+                    ))),
+                },
+                Err(error) => Err(error.clone()),
+            });
+        }
     }
 
     /// Reads one range from the replicas in preference order from position `skip`, until one

@@ -37,8 +37,8 @@ impl StoreClient {
         read
     }
 
-    /// The read leg of [`StoreClient::get`].
-    async fn get_located(
+    /// The read leg of [`StoreClient::get`] (and of ranged reads of disk-only objects).
+    pub(super) async fn get_located(
         &self,
         key: &str,
         asked: Instant,

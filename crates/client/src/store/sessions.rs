@@ -164,7 +164,7 @@ impl StoreClient {
             .iter()
             .map(|l| l.as_deref().map_err(Clone::clone))
             .collect();
-        self.read_ranges(&refs, fragments).await
+        self.read_ranges(keys, &refs, fragments).await
     }
 
     /// Starts a put session for every `(key, size)`: one BatchPutStart reserves the objects
