@@ -264,9 +264,9 @@ master_flags! {
     put_start_evict_budget: usize = 4096, Ours UInt64, HONOURED,
         "Objects a PutStart that finds the store full may examine to evict inline, oldest first, what it needs (0 = refuse with NO_AVAILABLE_HANDLE at once, as upstream)";
 
-    // ---- high availability (not built) ------------------------------------------------------
-    enable_ha: bool = false, Master Bool, Status::Refused(HA),
-        "Enable high availability using the configured HA backend";
+    // ---- high availability ------------------------------------------------------------------
+    enable_ha: bool = false, Master Bool, HONOURED,
+        "Enable high availability using the configured HA backend (etcd; implies --enable_oplog: standbys replay the op-log)";
     ha_backend_type: String = "etcd", Master String, HONOURED,
         "HA backend type, e.g. etcd | redis | k8s";
     ha_backend_connstring: String = "", Master String, HONOURED,
@@ -517,6 +517,8 @@ pub struct OpLogSettings {
     pub cluster_id: String,
     pub ack: OpLogAck,
     pub ack_timeout: std::time::Duration,
+    /// `--enable_ha`: masters elect a leader in etcd; the others are hot standbys.
+    pub ha: bool,
 }
 
 impl ResolvedConfig {
@@ -856,7 +858,7 @@ impl MasterConfig {
                 ))
             }
         };
-        if !self.enable_oplog {
+        if !self.enable_oplog && !self.enable_ha {
             return Ok(None);
         }
         if self.ha_backend_type != "etcd" {
@@ -907,6 +909,7 @@ impl MasterConfig {
             cluster_id: self.cluster_id.clone(),
             ack,
             ack_timeout: std::time::Duration::from_millis(self.oplog_ack_timeout_ms),
+            ha: self.enable_ha,
         }))
     }
 
@@ -1121,12 +1124,10 @@ mod tests {
             "--enable_kv_events=true: not supported by mooncake-rs (KV cache events)"
         );
         assert_eq!(err.exit_code(), 2);
-        let err = load(&["--enable_ha", "--root_fs_dir=/mnt/3fs"]).unwrap_err();
+        let err = load(&["--enable_kv_events", "--root_fs_dir=/mnt/3fs"]).unwrap_err();
         let text = err.to_string();
         assert!(
-            text.contains(
-                "--enable_ha=true: not supported by mooncake-rs (high availability (HA))"
-            ),
+            text.contains("--enable_kv_events=true: not supported by mooncake-rs"),
             "{text}"
         );
         assert!(
@@ -1172,7 +1173,14 @@ mod tests {
             "the connstring wins"
         );
         assert_eq!(oplog.ack, OpLogAck::Visible);
+        assert!(!oplog.ha);
+        // --enable_ha implies the op-log (its standbys replay it).
+        let (_, resolved) = load(&["--enable_ha", "--etcd_endpoints=a:1"]).unwrap();
+        let oplog = resolved.oplog.unwrap();
+        assert!(oplog.ha);
+        assert_eq!(oplog.cluster_id, "mooncake_cluster");
         for (args, flag) in [
+            (&["--enable_ha"][..], "enable_oplog"),
             (&["--enable_oplog"][..], "enable_oplog"),
             (&["--oplog_ack=sometimes"][..], "oplog_ack"),
             (
@@ -1217,7 +1225,7 @@ mod tests {
         let notice = resolved.notice.unwrap();
         assert!(!notice.contains('\n'), "one line: {notice}");
         for part in [
-            "high availability (HA): enable_ha, pod_name=\"p1\"",
+            "high availability (HA): pod_name=\"p1\"",
             "snapshot child process (snapshots are written in-process): snapshot_child_timeout_seconds",
             "logtostderr=\"true\"",
         ] {
@@ -1414,7 +1422,8 @@ mod tests {
         assert_eq!(resolved.default_kv_lease_ttl_ms, 5000);
         assert_eq!(config.client_ttl, 5, "the command line wins over the file");
         let notice = resolved.notice.unwrap();
-        assert!(notice.contains("enable_ha"), "{notice}");
+        assert!(!config.enable_ha);
+        assert!(!notice.contains("enable_ha"), "{notice}");
         assert!(
             notice
                 .contains("not flags, ignored: tenant_eviction_high_watermark_ratio, some.nested"),
@@ -1434,10 +1443,11 @@ mod tests {
         assert_eq!(config.eviction_ratio, 0.2);
 
         // A file asking for a feature not built is refused like the flag.
-        let ha = dir.file("ha.yaml", "enable_ha: true\n");
-        let err = load(&[&format!("--config_path={ha}")]).unwrap_err();
+        let events = dir.file("events.yaml", "enable_kv_events: true\n");
+        let err = load(&[&format!("--config_path={events}")]).unwrap_err();
         assert!(
-            err.to_string().contains("--enable_ha=true: not supported"),
+            err.to_string()
+                .contains("--enable_kv_events=true: not supported"),
             "{err}"
         );
     }

@@ -9,8 +9,9 @@ use mooncake_proto::{decode, encode_into, Limits, Reply};
 use mooncake_rpc::{Handler, HandlerError};
 use std::sync::Arc;
 
+use crate::ha::HaStatus;
 use crate::metrics::RpcMetrics;
-use crate::oplog::{method_class, OpLogHandle};
+use crate::oplog::{method_class, OpLogSlot};
 use crate::snapshot::Snapshotter;
 
 /// The version string `ServiceReady` answers.
@@ -23,7 +24,8 @@ pub struct MasterRpc {
     metrics: Arc<RpcMetrics>,
     limits: Limits,
     snapshots: Option<Arc<Snapshotter>>,
-    oplog: Option<Arc<OpLogHandle>>,
+    oplog: Arc<OpLogSlot>,
+    ha: Arc<HaStatus>,
 }
 
 impl MasterRpc {
@@ -33,7 +35,8 @@ impl MasterRpc {
             metrics,
             limits,
             snapshots: None,
-            oplog: None,
+            oplog: Arc::default(),
+            ha: HaStatus::single(),
         }
     }
 
@@ -43,9 +46,17 @@ impl MasterRpc {
         self
     }
 
-    /// Gates and acknowledges mutating calls with `oplog` (crate::oplog).
-    pub fn with_oplog(mut self, oplog: Option<Arc<OpLogHandle>>) -> Self {
+    /// Gates and acknowledges mutating calls with the op-log in `oplog`, once it is there
+    /// (crate::oplog).
+    pub fn with_oplog(mut self, oplog: Arc<OpLogSlot>) -> Self {
         self.oplog = oplog;
+        self
+    }
+
+    /// Answers every call with `UNAVAILABLE_IN_CURRENT_STATUS` while `ha` says this master
+    /// does not serve (a standby, a leader not yet serving or stepped down: crate::ha).
+    pub fn with_ha(mut self, ha: Arc<HaStatus>) -> Self {
+        self.ha = ha;
         self
     }
 
@@ -82,7 +93,7 @@ impl MasterRpc {
         };
         let logged = self
             .oplog
-            .as_ref()
+            .get()
             .and_then(|h| method_class(M::ID).map(|class| (h, class)));
         let reply = match request.check_limits(&self.limits) {
             Ok(()) => match logged.map(|(h, _)| h.gate()) {
@@ -139,6 +150,15 @@ fn note_reads(ms: &MasterService, keys: &[String], tenant: &str, replies: &mut [
 
 impl Handler for MasterRpc {
     fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        if !self.ha.serving() {
+            return Err(HandlerError::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+                format!(
+                    "this master is not the serving leader ({})",
+                    self.ha.state_name()
+                ),
+            ));
+        }
         match method {
             m::ExistKey::ID => self.serve(body, out, |ms, r: &m::ExistKey| {
                 ms.exist_key(&r.key, &r.tenant)
