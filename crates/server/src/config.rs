@@ -73,7 +73,6 @@ const KV_EVENTS: &str = "KV cache events";
 const CXL: &str = "CXL memory";
 const NOF: &str = "NVMe-oF segments";
 const DFS: &str = "DFS/3FS storage backend";
-const DYNAMIC_REPLICATION: &str = "dynamic replication";
 const METADATA_CLEANUP: &str = "HTTP metadata cleanup on client timeout";
 const RPC_INTERFACE: &str = "rpc_address from a network interface (give --rpc_address)";
 const NO_DELAY_OFF: &str = "RPC without TCP_NODELAY";
@@ -375,7 +374,7 @@ master_flags! {
     kv_events_dp_rank: u32 = 0, Master UInt32, Status::Inert(KV_EVENTS),
         "Deprecated: not emitted on events; use indexer POST /register";
 
-    // ---- CXL, NoF, dynamic replication, mmap arena (not built) --------------------------------
+    // ---- CXL, NoF, mmap arena (not built); dynamic replication (hot-key replicas) ----------------
     enable_cxl: bool = false, Master Bool, Status::Refused(CXL),
         "Whether to enable CXL memory support";
     cxl_path: String = "/dev/dax0.0", Master String, Status::Inert(CXL),
@@ -392,13 +391,13 @@ master_flags! {
         "Timeout in milliseconds for a single NoF heartbeat probe";
     nof_heartbeat_failures_threshold: u32 = 3, Master UInt32, Status::Inert(NOF),
         "Consecutive NoF heartbeat failures required before unmounting a NoF segment";
-    dynamic_replication_mode: String = "off", Master String, Status::Refused(DYNAMIC_REPLICATION),
+    dynamic_replication_mode: String = "off", Master String, HONOURED,
         "Dynamic MEMORY replica fanout mode: off, observe, or enforce";
-    dynamic_replication_heat_window_seconds: u32 = 10, Master UInt32, Status::Inert(DYNAMIC_REPLICATION),
+    dynamic_replication_heat_window_seconds: u32 = 10, Master UInt32, HONOURED,
         "Heat observation window for dynamic MEMORY replication";
-    dynamic_replication_admission_qps_threshold: f64 = 0.8, Master Double, Status::Inert(DYNAMIC_REPLICATION),
+    dynamic_replication_admission_qps_threshold: f64 = 0.8, Master Double, HONOURED,
         "Per-key access frequency threshold for dynamic MEMORY replication";
-    dynamic_replication_max_memory_replicas: u64 = 2, Master UInt64, Status::Inert(DYNAMIC_REPLICATION),
+    dynamic_replication_max_memory_replicas: u64 = 2, Master UInt64, HONOURED,
         "Maximum MEMORY replicas allowed for one dynamically replicated key";
     use_mmap_arena_allocator: bool = false, Master Bool, Status::Refused(MMAP_ARENA),
         "Enable the lock-free mmap arena allocator for mmap buffers";
@@ -755,6 +754,25 @@ impl MasterConfig {
                     "unknown strategy {:?} (random, free_ratio_first, local_first)",
                     self.allocation_strategy
                 ),
+            ));
+        }
+        if let Err(message) = self
+            .dynamic_replication_mode
+            .parse::<mooncake_master::DynamicReplicationMode>()
+        {
+            return Err(invalid("dynamic_replication_mode", message));
+        }
+        if self.dynamic_replication_heat_window_seconds == 0 {
+            return Err(invalid(
+                "dynamic_replication_heat_window_seconds",
+                "must be at least 1 second".into(),
+            ));
+        }
+        let qps = self.dynamic_replication_admission_qps_threshold;
+        if !(qps.is_finite() && qps > 0.0) {
+            return Err(invalid(
+                "dynamic_replication_admission_qps_threshold",
+                format!("{qps} is not a positive number"),
             ));
         }
         if self.tenant_quota_connector_type != "file" {
@@ -1273,6 +1291,18 @@ mod tests {
                 "put_start_release_timeout_sec",
             ),
             (&["--allocation_strategy=best"], "allocation_strategy"),
+            (
+                &["--dynamic_replication_mode=on"],
+                "dynamic_replication_mode",
+            ),
+            (
+                &["--dynamic_replication_heat_window_seconds=0"],
+                "dynamic_replication_heat_window_seconds",
+            ),
+            (
+                &["--dynamic_replication_admission_qps_threshold=0"],
+                "dynamic_replication_admission_qps_threshold",
+            ),
             (&["--memory_allocator=cachelib"], "memory_allocator"),
             (&["--default_kv_lease_ttl=soon"], "default_kv_lease_ttl"),
             (

@@ -207,6 +207,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     state.workers.render(master.counters(), &mut out);
     state.snapshot_metrics.render(master, &mut out);
     crate::metrics::render_offload(&master.offload_stats(), &mut out);
+    crate::metrics::render_hot_keys(&master.hot_key_stats(), &mut out);
     let core = master.counters();
     crate::metrics::counter(
         &mut out,

@@ -73,6 +73,12 @@ pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterSe
         promotion_on_hit: config.promotion_on_hit,
         promotion_admission_threshold: config.promotion_admission_threshold,
         promotion_queue_limit: config.promotion_queue_limit,
+        // validate() has checked the mode.
+        dynamic_replication_mode: config.dynamic_replication_mode.parse().unwrap_or_default(),
+        dynamic_replication_heat_window_sec: config.dynamic_replication_heat_window_seconds,
+        dynamic_replication_admission_qps_threshold: config
+            .dynamic_replication_admission_qps_threshold,
+        dynamic_replication_max_memory_replicas: config.dynamic_replication_max_memory_replicas,
     }
 }
 

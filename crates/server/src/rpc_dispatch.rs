@@ -131,15 +131,20 @@ impl MasterRpc {
     }
 }
 
-/// Promotion on hit counts the disk-only objects of a batch read (`MasterService::note_read`).
-fn note_reads(
-    ms: &MasterService,
-    keys: &[String],
-    tenant: &str,
-    replies: &[Result<mooncake_common::GetReplicaListResponse, ErrorCode>],
-) {
+type ReadReply = Result<mooncake_common::GetReplicaListResponse, ErrorCode>;
+
+/// What a read feeds besides its answer: promotion on hit counts disk-only objects
+/// (`MasterService::note_read`), hot-key replication counts read heat and, in enforce mode,
+/// rotates the replicas of a multi-replica answer (`MasterService::note_heat`).
+fn note_read(ms: &MasterService, key: &str, tenant: &str, reply: &mut ReadReply) {
+    ms.note_read(key, tenant, reply);
+    ms.note_heat(key, tenant, reply);
+}
+
+/// [`note_read`] for each key of a batch read.
+fn note_reads(ms: &MasterService, keys: &[String], tenant: &str, replies: &mut [ReadReply]) {
     for (key, reply) in keys.iter().zip(replies) {
-        ms.note_read(key, tenant, reply);
+        note_read(ms, key, tenant, reply);
     }
 }
 
@@ -181,8 +186,8 @@ impl Handler for MasterRpc {
                 body,
                 out,
                 |ms, r: &m::GetReplicaList| {
-                    let reply = ms.get_replica_list(&r.key, &r.tenant);
-                    ms.note_read(&r.key, &r.tenant, &reply);
+                    let mut reply = ms.get_replica_list(&r.key, &r.tenant);
+                    note_read(ms, &r.key, &r.tenant, &mut reply);
                     reply
                 },
                 |metrics, _, reply| {
@@ -194,8 +199,8 @@ impl Handler for MasterRpc {
                 body,
                 out,
                 |ms, r: &m::BatchGetReplicaList| {
-                    let replies = ms.batch_get_replica_list(&r.keys, &r.tenant);
-                    note_reads(ms, &r.keys, &r.tenant, &replies);
+                    let mut replies = ms.batch_get_replica_list(&r.keys, &r.tenant);
+                    note_reads(ms, &r.keys, &r.tenant, &mut replies);
                     Ok(replies)
                 },
                 |metrics, r, reply| match reply {
@@ -219,8 +224,8 @@ impl Handler for MasterRpc {
                 out,
                 |ms, r: &m::GetReplicaListPinned| {
                     ms.release_reads(&r.release, &r.tenant);
-                    let reply = ms.get_replica_list_pinned(&r.key, &r.tenant);
-                    ms.note_read(&r.key, &r.tenant, &reply);
+                    let mut reply = ms.get_replica_list_pinned(&r.key, &r.tenant);
+                    note_read(ms, &r.key, &r.tenant, &mut reply);
                     reply
                 },
                 |metrics, _, reply| {
@@ -233,8 +238,8 @@ impl Handler for MasterRpc {
                 out,
                 |ms, r: &m::BatchGetReplicaListPinned| {
                     ms.release_reads(&r.release, &r.tenant);
-                    let replies = ms.batch_get_replica_list_pinned(&r.keys, &r.tenant);
-                    note_reads(ms, &r.keys, &r.tenant, &replies);
+                    let mut replies = ms.batch_get_replica_list_pinned(&r.keys, &r.tenant);
+                    note_reads(ms, &r.keys, &r.tenant, &mut replies);
                     Ok(replies)
                 },
                 |metrics, r, reply| {
