@@ -17,11 +17,20 @@ from mooncake_rs._native import (
     DiskDescriptor,
     MemoryDescriptor,
     MooncakeHostMemAllocator,
+    QueryTaskResponse,
     ReplicaDescriptor,
     ReplicaStatus,
     ReplicateConfig,
     SoftPinAction,
+    TaskStatus,
+    TaskType,
 )
+
+# Upstream exports its task enums' values at module level too.
+REPLICA_COPY = TaskType.REPLICA_COPY
+REPLICA_MOVE = TaskType.REPLICA_MOVE
+PENDING = TaskStatus.PENDING
+SUCCESS = TaskStatus.SUCCESS
 
 __all__ = [
     "BufferHandle",
@@ -30,10 +39,17 @@ __all__ = [
     "MemoryDescriptor",
     "MooncakeDistributedStore",
     "MooncakeHostMemAllocator",
+    "PENDING",
+    "QueryTaskResponse",
+    "REPLICA_COPY",
+    "REPLICA_MOVE",
     "ReplicaDescriptor",
     "ReplicaStatus",
     "ReplicateConfig",
+    "SUCCESS",
     "SoftPinAction",
+    "TaskStatus",
+    "TaskType",
 ]
 
 

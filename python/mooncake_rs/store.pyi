@@ -1,7 +1,7 @@
 """Type stubs of mooncake_rs.store (upstream's mooncake.store API on mooncake-rs)."""
 
 import ctypes
-from typing import Any, Dict, List, Optional, Sequence, Union
+from typing import Any, Dict, List, Optional, Sequence, Tuple, Union
 
 Buffer = Union[bytes, bytearray, memoryview, Any]
 
@@ -19,6 +19,32 @@ class ReplicaStatus:
     REMOVED: "ReplicaStatus"
     FAILED: "ReplicaStatus"
     def __int__(self) -> int: ...
+
+class TaskType:
+    REPLICA_COPY: "TaskType"
+    REPLICA_MOVE: "TaskType"
+    def __int__(self) -> int: ...
+
+class TaskStatus:
+    PENDING: "TaskStatus"
+    PROCESSING: "TaskStatus"
+    FAILED: "TaskStatus"
+    SUCCESS: "TaskStatus"
+    def __int__(self) -> int: ...
+
+REPLICA_COPY: TaskType
+REPLICA_MOVE: TaskType
+PENDING: TaskStatus
+SUCCESS: TaskStatus
+
+class QueryTaskResponse:
+    id: Tuple[int, int]
+    type: TaskType
+    status: TaskStatus
+    created_at_ms_epoch: int
+    last_updated_at_ms_epoch: int
+    assigned_client: Tuple[int, int]
+    message: str
 
 class ReplicateConfig:
     replica_num: int
@@ -75,7 +101,7 @@ class MooncakeDistributedStore:
               engine: Any = None, enable_ssd_offload: bool = False, ssd_offload_path: str = "",
               tenant_id: str = "default", enable_client_http_server: bool = False,
               client_http_port: int = 9300) -> int: ...
-    def close(self) -> int: ...
+    def close(self, grace_period_seconds: int = 0) -> int: ...
     def health_check(self) -> int: ...
     def get_hostname(self) -> str: ...
     def put(self, key: str, value: Buffer, config: Optional[ReplicateConfig] = None) -> int: ...
@@ -151,3 +177,7 @@ class MooncakeDistributedStore:
     def batch_put_session_revoke(self, keys: Sequence[str]) -> List[int]: ...
     def put_from_with_metadata(self, key: str, buffer_ptr: int, metadata_buffer_ptr: int, size: int,
                                metadata_size: int, config: Optional[ReplicateConfig] = None) -> int: ...
+    def create_copy_task(self, key: str, targets: Sequence[str]) -> Tuple[Tuple[int, int], int]: ...
+    def create_move_task(self, key: str, source: str,
+                         target: str) -> Tuple[Tuple[int, int], int]: ...
+    def query_task(self, task_id: Tuple[int, int]) -> Tuple[Optional[QueryTaskResponse], int]: ...

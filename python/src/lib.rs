@@ -10,7 +10,7 @@
 //! alloc_from_mem_pool, MooncakeHostMemAllocator, the real client), `setup.rs` (setup's
 //! arguments and connecting), `buffer.rs` (buffer-protocol views and checked caller memory by
 //! address), `codes.rs` (upstream's return codes), `config.rs` (ReplicateConfig and the
-//! descriptor classes).
+//! descriptor classes), `tasks.rs` (copy/move tasks and their classes).
 //! The binding talks to the cluster only through `mooncake_client`.
 //!
 //! Owns: argument conversion, GIL release around every cluster call, upstream's return codes.
@@ -26,6 +26,7 @@ mod sessions;
 mod setup;
 mod standalone;
 mod store;
+mod tasks;
 mod writes;
 
 use pyo3::prelude::*;
@@ -69,6 +70,9 @@ fn _native(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<config::Descriptor>()?;
     m.add_class::<buffer::NativeBuffer>()?;
     m.add_class::<standalone::HostMemAllocator>()?;
+    m.add_class::<tasks::TaskType>()?;
+    m.add_class::<tasks::TaskStatus>()?;
+    m.add_class::<tasks::QueryTaskResponse>()?;
     m.add_function(wrap_pyfunction!(run_master, m)?)?;
     m.add_function(wrap_pyfunction!(standalone::run_real_client, m)?)?;
     m.add_function(wrap_pyfunction!(error_name, m)?)?;

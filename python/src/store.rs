@@ -87,6 +87,28 @@ impl Store {
     }
 }
 
+/// Drains this client's segments for at most `within`; (nothing was left, the line to log).
+fn drain_line(conn: &Connected, within: Duration) -> (bool, String) {
+    match conn.block_on(conn.client.drain_segments(within)) {
+        Ok(report) => (
+            report.left == 0,
+            format!(
+                "close: moved {} of {} objects to other segments; dropping {} not moved within \
+                 {} s ({} had no room elsewhere)",
+                report.moved,
+                report.objects,
+                report.left,
+                within.as_secs(),
+                report.unmovable
+            ),
+        ),
+        Err(error) => (
+            false,
+            format!("close: moving this segment's objects failed ({error}); unmounting now"),
+        ),
+    }
+}
+
 impl Drop for Store {
     fn drop(&mut self) {
         // Best effort: unmount this client's segment now rather than when its TTL runs out.
@@ -182,9 +204,16 @@ impl Store {
         }
     }
 
-    /// Unmounts this client's segment (objects stored only there are gone) and stops the client.
-    /// Returns 0 (also when not set up); setup() may be called again afterwards.
-    fn close(&self, py: Python<'_>) -> i32 {
+    /// Unmounts this client's segment and stops the client. Returns 0 (also when not set up);
+    /// setup() may be called again afterwards.
+    ///
+    /// With grace_period_seconds=0 (upstream's close) objects stored only on this client's
+    /// segment are gone at once. With grace_period_seconds=N > 0 the unmount is graceful, as
+    /// SIGTERM on `mooncake store`: new puts avoid the segment, its objects are moved to other
+    /// segments for at most N seconds (reads go on meanwhile), then it unmounts; objects not
+    /// moved in time are dropped with a count in the log.
+    #[pyo3(signature = (grace_period_seconds=0))]
+    fn close(&self, py: Python<'_>, grace_period_seconds: u64) -> i32 {
         let _lifecycle = self
             .lifecycle
             .lock()
@@ -192,11 +221,58 @@ impl Store {
         let Some(conn) = self.set_conn(None) else {
             return 0;
         };
+        if grace_period_seconds > 0 {
+            let within = Duration::from_secs(grace_period_seconds);
+            let line = py.allow_threads(|| drain_line(&conn, within));
+            log(py, if line.0 { "info" } else { "warning" }, &line.1);
+        }
         py.allow_threads(move || {
             let rc = unit_code(&conn.block_on(conn.client.close()));
             drop(conn);
             rc
         })
+    }
+
+    /// create_copy_task(key, targets) -> ((first, second), code)
+    ///
+    /// Queues a copy of `key` to the segments named in `targets` (segment names as get_hostname
+    /// answers them); the node holding the source runs it. Answers the task id and 0, or
+    /// ((0, 0), negative code): -600 for no target, an unknown target or a target already
+    /// holding the key, -704 for a missing key, -1401 when too many tasks are pending.
+    fn create_copy_task(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        targets: Vec<String>,
+    ) -> ((u64, u64), i32) {
+        self.create_copy_task_impl(py, key, &targets)
+    }
+
+    /// create_move_task(key, source, target) -> ((first, second), code)
+    ///
+    /// Queues a move of `key` from segment `source` to segment `target`: the target gets a
+    /// replica, then the source's is freed. Codes as create_copy_task (-600 also for
+    /// source == target or a source holding no replica).
+    fn create_move_task(
+        &self,
+        py: Python<'_>,
+        key: &str,
+        source: &str,
+        target: &str,
+    ) -> ((u64, u64), i32) {
+        self.create_move_task_impl(py, key, source, target)
+    }
+
+    /// query_task(task_id) -> (QueryTaskResponse | None, code)
+    ///
+    /// The state of the task `task_id` (the tuple a create call answered): (response, 0), or
+    /// (None, -1400 TASK_NOT_FOUND) for an id the master does not know (or has pruned).
+    fn query_task(
+        &self,
+        py: Python<'_>,
+        task_id: (u64, u64),
+    ) -> (Option<crate::tasks::QueryTaskResponse>, i32) {
+        self.query_task_impl(py, task_id)
     }
 
     /// 0 healthy, 1 not set up or closed, 2 master unreachable.

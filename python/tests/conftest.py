@@ -23,12 +23,15 @@ class Master:
                                      text=True, cwd=HERE)
         deadline = time.monotonic() + 30
         self.addr = None
+        # The admin HTTP base URL ("http://127.0.0.1:PORT").
+        self.http = None
         while time.monotonic() < deadline:
             line = self.proc.stdout.readline()
             if not line:
                 break
             if line.startswith("mooncake master listening: rpc "):
-                self.addr = line.split()[4]
+                words = line.split()
+                self.addr, self.http = words[4], words[6]
                 break
         if self.addr is None:
             self.stop()

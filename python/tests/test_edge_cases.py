@@ -167,7 +167,10 @@ def test_every_call_before_setup_and_after_close_fails_cleanly(master, key):
                 s.batch_put_from_multi_buffer_ranges([key], [[p]], [[4]], [[0]]),
             "batch_put_session_end": s.batch_put_session_end([key]),
             "batch_put_session_revoke": s.batch_put_session_revoke([key]),
-            "close": s.close(),
+            "create_copy_task": s.create_copy_task(key, ["x"]),
+            "create_move_task": s.create_move_task(key, "x", "y"),
+            "query_task": s.query_task((1, 2)),
+            "close": s.close(), "close_with_grace": s.close(grace_period_seconds=5),
         }
 
     expected = {
@@ -176,7 +179,9 @@ def test_every_call_before_setup_and_after_close_fails_cleanly(master, key):
         "batch_replica_clear": [], "health_check": 1, "get_hostname": "",
         "alloc_from_mem_pool": 0, "mount_segment": {"ret": NOT_READY, "segment_ids": []},
         "allocate_and_mount_segment": {"ret": NOT_READY, "segment_ids": [], "allocated_size": 0},
-        "get_offload_rpc_read_count": 0, "close": 0,
+        "get_offload_rpc_read_count": 0, "close": 0, "close_with_grace": 0,
+        "create_copy_task": ((0, 0), NOT_READY), "create_move_task": ((0, 0), NOT_READY),
+        "query_task": (None, NOT_READY),
         "get_into_ranges": [[[NOT_READY]]],
     }
     fresh = MooncakeDistributedStore()

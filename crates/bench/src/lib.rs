@@ -10,6 +10,7 @@
 mod disk_tier;
 mod master;
 mod oplog;
+mod ops;
 pub mod pingpong;
 pub mod scaling;
 mod snapshot;
@@ -30,6 +31,10 @@ pub enum BenchCommand {
     /// Master snapshot in process: take time, bytes per object, restore time, and a reader's
     /// GetReplicaList p99 during the take next to its p99 without one.
     Snapshot(snapshot::Args),
+    /// Work store nodes do for the master, with real processes: a drain's MB/s next to the
+    /// store-to-store write rate and a reader's p99 during it; a new node's share of bytes and
+    /// batch puts' p99 during its join ramp next to the steady state.
+    Ops(ops::Args),
     /// Data plane: MB/s and latency per transport next to iperf3 and memcpy.
     Transfer(transfer::Args),
     /// SSD tier: MB/s and ops/s per backend and durability policy next to raw file throughput.
@@ -74,6 +79,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::DiskTier(args) => disk_tier::run(args),
         BenchCommand::Master(args) => master::run(args),
         BenchCommand::Oplog(args) => oplog::run(args),
+        BenchCommand::Ops(args) => ops::run(args),
         BenchCommand::Snapshot(args) => snapshot::run(args),
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::StorePeer(args) => store::run_peer(args),

@@ -188,7 +188,6 @@ fn assert_one_warning_line(stderr: &str) {
         .collect();
     assert_eq!(lines.len(), 1, "one warning line expected in:\n{stderr}");
     for name in [
-        "enable_ha",
         "enable_kv_events",
         "snapshot_backup_dir",
         "root_fs_dir",
@@ -294,10 +293,11 @@ fn files_shaped_like_upstreams_shipped_configs_load() {
         assert_eq!(config.rpc_thread_num, 16, "{name}");
         assert_eq!(resolved.rpc_threads, 16, "{name}");
         let notice = resolved.notice.unwrap();
-        // etcd_endpoints is honoured (the op-log's etcd), so it is loaded, not listed as inert;
-        // enable_ha (election, not built) is listed.
+        // etcd_endpoints and enable_ha are honoured (the op-log's etcd, the election), so they
+        // are loaded, not listed as inert.
         assert_eq!(config.etcd_endpoints, "http://localhost:2379", "{name}");
-        assert!(notice.contains("enable_ha"), "{notice}");
+        assert!(!config.enable_ha, "{name}");
+        assert!(!notice.contains("enable_ha"), "{notice}");
         assert!(!notice.contains("etcd_endpoints"), "{notice}");
         assert!(notice.contains("not flags, ignored: "), "{notice}");
         assert!(notice.contains("client_active_ttl_sec"), "{notice}");

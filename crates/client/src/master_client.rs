@@ -16,6 +16,7 @@ use mooncake_proto::methods::{self as m, Method};
 use mooncake_proto::{decode, encode, CodecError, Reply};
 use mooncake_rpc::{ClientConfig, RpcClient, RpcError};
 use std::net::SocketAddr;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use thiserror::Error;
 
 /// Why a master call failed.
@@ -62,39 +63,97 @@ macro_rules! call_by_mode {
     };
 }
 
-/// A typed client of one master.
+/// A typed client of the master: one address, or the masters of a high-availability group
+/// of which one leads (docs/ha.md, "Clients").
+///
+/// With several masters, calls go to the one that answered last. A call that a master refused
+/// with `UNAVAILABLE_IN_CURRENT_STATUS` (a standby, or a leader that stepped down: it applied
+/// nothing) or that could not connect is sent to the next master at once, each master once at
+/// most. A call whose connection broke or timed out after it was sent is not resent (it may
+/// have been applied): it fails, and the next call starts at the next master.
 #[derive(Debug)]
 pub struct MasterClient {
-    rpc: RpcClient,
+    masters: Vec<RpcClient>,
+    current: AtomicUsize,
 }
 
 impl MasterClient {
     /// A client of the master at `addr`; connects on first use and reconnects after failures.
     pub fn new(addr: SocketAddr, config: ClientConfig) -> Self {
+        Self::with_masters(&[addr], config)
+    }
+
+    /// A client of a group of masters, one of which leads (at least one address).
+    pub fn with_masters(addrs: &[SocketAddr], config: ClientConfig) -> Self {
         MasterClient {
-            rpc: RpcClient::new(addr, config),
+            masters: addrs
+                .iter()
+                .map(|&a| RpcClient::new(a, config.clone()))
+                .collect(),
+            current: AtomicUsize::new(0),
         }
     }
 
-    /// The master's address.
+    fn rpc(&self) -> &RpcClient {
+        let i = self.current.load(Ordering::Relaxed) % self.masters.len();
+        &self.masters[i]
+    }
+
+    /// The address of the master calls go to now.
     pub fn addr(&self) -> SocketAddr {
-        self.rpc.addr()
+        self.rpc().addr()
     }
 
     /// How often a caller read its own answer from the socket (see `RpcClient::caller_reads`).
     pub fn caller_reads(&self) -> u64 {
-        self.rpc.caller_reads()
+        self.masters.iter().map(RpcClient::caller_reads).sum()
     }
 
-    /// How calls waited for their answers (see `RpcClient::poll_stats`).
+    /// How calls to the current master waited for their answers (see `RpcClient::poll_stats`).
     pub fn poll_stats(&self) -> mooncake_rpc::PollStats {
-        self.rpc.poll_stats()
+        self.rpc().poll_stats()
     }
 
     /// Sends any master request and returns its output.
     pub async fn call<M: Method>(&self, request: &M) -> Result<M::Output, MasterError> {
         let body = encode(request)?;
-        let answer = self.rpc.call(M::ID, &body).await?;
+        let n = self.masters.len();
+        let first = self.current.load(Ordering::Relaxed) % n;
+        let mut i = 0;
+        loop {
+            let at = (first + i) % n;
+            let result = self.call_at::<M>(at, &body).await;
+            let Err(error) = &result else {
+                return result;
+            };
+            if n == 1 {
+                return result;
+            }
+            let next = (at + 1) % n;
+            let _ = self
+                .current
+                .compare_exchange(at, next, Ordering::Relaxed, Ordering::Relaxed);
+            i += 1;
+            let not_applied = error.code() == ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+                || matches!(error, MasterError::Rpc(RpcError::Connect { .. }));
+            let moved = not_applied
+                || error.code() == ErrorCode::RPC_FAIL
+                || error.code() == ErrorCode::RPC_TIMEOUT;
+            if !moved {
+                // The master answered: it is the right one.
+                let _ =
+                    self.current
+                        .compare_exchange(next, at, Ordering::Relaxed, Ordering::Relaxed);
+                return result;
+            }
+            if !not_applied || i == n {
+                return result;
+            }
+        }
+    }
+
+    async fn call_at<M: Method>(&self, at: usize, body: &[u8]) -> Result<M::Output, MasterError> {
+        let answer = self.masters[at].call(M::ID, body).await?;
         let reply: Reply<M> = decode(&answer)?;
         reply.map_err(MasterError::Master)
     }

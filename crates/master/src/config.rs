@@ -5,6 +5,7 @@
 use serde::{Deserialize, Serialize};
 use thiserror::Error;
 
+use crate::hot_keys::DynamicReplicationMode;
 use crate::strategy::AllocationStrategy;
 
 /// Settings of [`crate::MasterService`]. `Default` gives upstream's code defaults.
@@ -49,6 +50,14 @@ pub struct MasterServiceConfig {
     pub promotion_admission_threshold: u32,
     /// Promotions in flight at most, across nodes (50 000).
     pub promotion_queue_limit: u32,
+    /// Hot-key replicas: off, observe (count only) or enforce (`hot_keys.rs`) (off).
+    pub dynamic_replication_mode: DynamicReplicationMode,
+    /// Length of the window read heat is counted over (10 s).
+    pub dynamic_replication_heat_window_sec: u32,
+    /// Reads per second within a window that make a key hot (0.8).
+    pub dynamic_replication_admission_qps_threshold: f64,
+    /// Memory replicas a hot key gets at most (2).
+    pub dynamic_replication_max_memory_replicas: u64,
 }
 
 /// Default of [`MasterServiceConfig::put_start_evict_budget`]: a census of this many objects
@@ -76,6 +85,10 @@ impl Default for MasterServiceConfig {
             promotion_on_hit: false,
             promotion_admission_threshold: 2,
             promotion_queue_limit: 50_000,
+            dynamic_replication_mode: DynamicReplicationMode::Off,
+            dynamic_replication_heat_window_sec: 10,
+            dynamic_replication_admission_qps_threshold: 0.8,
+            dynamic_replication_max_memory_replicas: 2,
         }
     }
 }
@@ -95,6 +108,10 @@ pub enum ConfigError {
     Ratio { name: &'static str, value: f64 },
     #[error("default_kv_lease_ttl must be > 0")]
     ZeroLease,
+    #[error("dynamic_replication_heat_window_seconds must be > 0")]
+    ZeroHeatWindow,
+    #[error("dynamic_replication_admission_qps_threshold must be a positive number, got {0}")]
+    HeatThreshold(f64),
 }
 
 impl MasterServiceConfig {
@@ -125,6 +142,13 @@ impl MasterServiceConfig {
         }
         if self.default_kv_lease_ttl_ms == 0 {
             return Err(ConfigError::ZeroLease);
+        }
+        if self.dynamic_replication_heat_window_sec == 0 {
+            return Err(ConfigError::ZeroHeatWindow);
+        }
+        let qps = self.dynamic_replication_admission_qps_threshold;
+        if !(qps.is_finite() && qps > 0.0) {
+            return Err(ConfigError::HeatThreshold(qps));
         }
         Ok(())
     }

@@ -5,6 +5,8 @@
 //!    watermark`, or if the need-eviction flag (set by a PutStart that found no space) is set and
 //!    `eviction_ratio > 0`. `target = max(ratio, usage − hw + ratio)`, `lowerbound =
 //!    min(max(target / 2, usage − hw), target)`.
+//!    Extra replicas of hot keys go first (`hot_keys.rs`): every idle one is dropped, and the
+//!    cycle ends there when usage is back under the watermark.
 //! 2. Census (each shard under its read lock, one at a time): `base` = objects that are not
 //!    hard-pinned and have an evictable replica (COMPLETE, live, MEMORY, `refcnt == 0`); the
 //!    candidates are those of them that are also unleased and without a read pin, not being
@@ -406,6 +408,15 @@ impl MasterService {
             return report;
         }
         report.triggered = true;
+        // Extra replicas of hot keys go before any whole object.
+        if self.drop_extra_replicas() > 0 {
+            let after = self.usage_ratio();
+            if after <= hw {
+                self.need_eviction.store(false, Ordering::Relaxed);
+                report.usage_ratio_after = after;
+                return report;
+            }
+        }
         let target = ratio.max(usage - hw + ratio);
         let lowerbound = (target * 0.5).max(usage - hw).min(target);
         let mut census = self.census(None, now, ShardWindow::ALL, usize::MAX);
@@ -530,6 +541,13 @@ impl MasterService {
             return handles;
         }
         if self.release_discarded_once() > 0 {
+            let handles = try_place();
+            if !handles.is_empty() {
+                return handles;
+            }
+        }
+        // Extra replicas of hot keys go before any whole object.
+        if self.drop_extra_replicas() > 0 {
             let handles = try_place();
             if !handles.is_empty() {
                 return handles;

@@ -76,6 +76,12 @@ pub struct MasterService {
     pub(crate) offload_counters: crate::offload::OffloadCounters,
     /// Disk hits per key, for promotion on hit (`promotion.rs`).
     pub(crate) hit_sketch: Mutex<crate::promotion::HitSketch>,
+    /// Read heat per key, for hot-key replicas (`hot_keys.rs`).
+    pub(crate) heat: crate::hot_keys::HeatSketch,
+    pub(crate) hot_keys: Mutex<crate::hot_keys::HotKeys>,
+    pub(crate) hot_key_counters: crate::hot_keys::HotKeyCounters,
+    /// Rotation of multi-replica read answers in enforce mode.
+    pub(crate) spread_turn: AtomicU64,
 }
 
 impl fmt::Debug for MasterService {
@@ -136,6 +142,10 @@ impl MasterService {
             offload: Mutex::new(Default::default()),
             offload_counters: Default::default(),
             hit_sketch: Mutex::new(Default::default()),
+            heat: Default::default(),
+            hot_keys: Mutex::new(Default::default()),
+            hot_key_counters: Default::default(),
+            spread_turn: AtomicU64::new(0),
         })
     }
 

@@ -26,7 +26,8 @@
 //! (copy/move), `tasks_rpc`, `drain` (a segment's objects planned as move tasks), `drain_jobs`, `segment_rpc`, `suspicion` (segments out of placement after a
 //! reported transfer failure), `liveness` (ping, client monitor), `restore`
 //! (bulk restore from a snapshot's state, verification, restore deadlines), `eviction`,
-//! `pins` (soft-pin expiry), `tenants` (quota admin), `audit` (checks). Dependencies go RPC
+//! `pins` (soft-pin expiry), `tenants` (quota admin), `audit` (checks), `hot_keys` (read heat
+//! and extra replicas of hot keys). Dependencies go RPC
 //! family → handle → components. See docs/master.md.
 
 pub mod allocator;
@@ -42,6 +43,7 @@ pub mod drain_jobs;
 mod eviction;
 mod export;
 mod handle;
+mod hot_keys;
 mod index;
 mod liveness;
 pub mod mutation;
@@ -82,6 +84,7 @@ pub use drain::DrainPlan;
 pub use eviction::EvictionReport;
 pub use export::{ObjectView, PlaceView, ReplicaView, TaskView};
 pub use handle::{MasterService, ObserverAlreadySet, MAX_KEY_LEN_BYTES, MAX_REGEX_LEN_BYTES};
+pub use hot_keys::{DynamicReplicationMode, HotKeyStats};
 pub use index::{SHARD_COUNT, STRIPE_COUNT};
 pub use mutation::{MasterState, Mutation, MutationObserver, ObjectRecord};
 pub use object::ObjectInfo;

@@ -5,6 +5,7 @@
 
 use std::time::Duration;
 
+use crate::election::Fence;
 use etcd_client::{
     Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, TxnOpResponse,
 };
@@ -43,8 +44,9 @@ pub enum EtcdError {
     /// etcd did not answer (unreachable, timed out, no quorum): the call may be retried.
     #[error("etcd unavailable: {0}")]
     Unavailable(String),
-    /// The prefix moved: another writer committed. This writer may never commit again.
-    #[error("op-log fenced: the durable prefix is {found:?}, this writer expected {expected:?}")]
+    /// The prefix moved (another writer committed) or this writer's view is no longer the
+    /// leader's. This writer may never commit again.
+    #[error("op-log fenced: the durable prefix is {found:?}, this writer expected {expected:?} (or its leadership view ended)")]
     Fenced {
         expected: Option<Prefix>,
         found: Option<Prefix>,
@@ -60,6 +62,7 @@ pub struct EtcdLog {
     kv: KvClient,
     root: String,
     timeout: Duration,
+    fence: Option<Fence>,
 }
 
 impl std::fmt::Debug for EtcdLog {
@@ -114,7 +117,15 @@ impl EtcdLog {
             kv: client.kv_client(),
             root,
             timeout,
+            fence: None,
         })
+    }
+
+    /// Every commit also requires `fence` (the leader key of this writer's view): a leader
+    /// that lost the election can never commit.
+    pub fn with_fence(mut self, fence: Option<Fence>) -> Self {
+        self.fence = fence;
+        self
     }
 
     pub fn prefix_key(&self) -> String {
@@ -163,8 +174,11 @@ impl EtcdLog {
             None => Compare::create_revision(pk.clone(), CompareOp::Equal, 0),
             Some(p) => Compare::value(pk.clone(), CompareOp::Equal, p.encode()),
         };
+        let guards: Vec<Compare> = std::iter::once(guard)
+            .chain(self.fence.as_ref().map(Fence::compare))
+            .collect();
         let txn = Txn::new()
-            .when([guard])
+            .when(guards)
             .and_then([
                 TxnOp::put(bk.clone(), bytes.to_vec(), None),
                 TxnOp::put(pk.clone(), new.encode(), None),

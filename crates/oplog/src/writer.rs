@@ -10,6 +10,7 @@ use std::thread::JoinHandle;
 use std::time::Duration;
 
 use crate::batch;
+use crate::election::Fence;
 use crate::etcd::{EtcdError, EtcdLog, Prefix};
 use crate::sink::{OpLogSink, Taken, WriterHealth};
 
@@ -26,6 +27,8 @@ pub struct WriterConfig {
     pub start: Option<Prefix>,
     /// Deadline of one etcd call.
     pub call_timeout: Duration,
+    /// With an election: the leader key every commit must find still this writer's view's.
+    pub fence: Option<Fence>,
 }
 
 /// What the writer has done (for logs and metrics).
@@ -97,10 +100,15 @@ impl Drop for OpLogWriter {
     }
 }
 
+async fn connect_once(config: &WriterConfig) -> Result<EtcdLog, EtcdError> {
+    let log = EtcdLog::connect(&config.endpoints, config.root.clone(), config.call_timeout).await?;
+    Ok(log.with_fence(config.fence.clone()))
+}
+
 async fn connect(config: &WriterConfig, stop: &AtomicBool, sink: &OpLogSink) -> Option<EtcdLog> {
     let mut backoff = MIN_BACKOFF;
     while !stop.load(Ordering::Acquire) {
-        match EtcdLog::connect(&config.endpoints, config.root.clone(), config.call_timeout).await {
+        match connect_once(config).await {
             Ok(log) => return Some(log),
             Err(e) => {
                 sink.set_health(WriterHealth::Retrying);
@@ -178,13 +186,7 @@ async fn run(
                 failures += 1;
                 if failures.is_multiple_of(RECONNECT_AFTER) {
                     // A fresh connection, in case the old one does not recover by itself.
-                    if let Ok(fresh) = EtcdLog::connect(
-                        &config.endpoints,
-                        config.root.clone(),
-                        config.call_timeout,
-                    )
-                    .await
-                    {
+                    if let Ok(fresh) = connect_once(&config).await {
                         log = fresh;
                     }
                 }

@@ -28,6 +28,7 @@ fn writer(etcd: &EtcdServer, sink: &Arc<OpLogSink>, start: Option<Prefix>) -> Op
             view: 1,
             start,
             call_timeout: CALL_TIMEOUT,
+            fence: None,
         },
     )
     .unwrap()
@@ -198,6 +199,7 @@ async fn a_three_member_etcd_keeps_the_log_when_its_leader_is_killed() {
             view: 1,
             start: None,
             call_timeout: CALL_TIMEOUT,
+            fence: None,
         },
     )
     .unwrap();

@@ -73,7 +73,6 @@ const KV_EVENTS: &str = "KV cache events";
 const CXL: &str = "CXL memory";
 const NOF: &str = "NVMe-oF segments";
 const DFS: &str = "DFS/3FS storage backend";
-const DYNAMIC_REPLICATION: &str = "dynamic replication";
 const METADATA_CLEANUP: &str = "HTTP metadata cleanup on client timeout";
 const RPC_INTERFACE: &str = "rpc_address from a network interface (give --rpc_address)";
 const NO_DELAY_OFF: &str = "RPC without TCP_NODELAY";
@@ -265,9 +264,9 @@ master_flags! {
     put_start_evict_budget: usize = 4096, Ours UInt64, HONOURED,
         "Objects a PutStart that finds the store full may examine to evict inline, oldest first, what it needs (0 = refuse with NO_AVAILABLE_HANDLE at once, as upstream)";
 
-    // ---- high availability (not built) ------------------------------------------------------
-    enable_ha: bool = false, Master Bool, Status::Refused(HA),
-        "Enable high availability using the configured HA backend";
+    // ---- high availability ------------------------------------------------------------------
+    enable_ha: bool = false, Master Bool, HONOURED,
+        "Enable high availability using the configured HA backend (etcd; implies --enable_oplog: standbys replay the op-log)";
     ha_backend_type: String = "etcd", Master String, HONOURED,
         "HA backend type, e.g. etcd | redis | k8s";
     ha_backend_connstring: String = "", Master String, HONOURED,
@@ -375,7 +374,7 @@ master_flags! {
     kv_events_dp_rank: u32 = 0, Master UInt32, Status::Inert(KV_EVENTS),
         "Deprecated: not emitted on events; use indexer POST /register";
 
-    // ---- CXL, NoF, dynamic replication, mmap arena (not built) --------------------------------
+    // ---- CXL, NoF, mmap arena (not built); dynamic replication (hot-key replicas) ----------------
     enable_cxl: bool = false, Master Bool, Status::Refused(CXL),
         "Whether to enable CXL memory support";
     cxl_path: String = "/dev/dax0.0", Master String, Status::Inert(CXL),
@@ -392,13 +391,13 @@ master_flags! {
         "Timeout in milliseconds for a single NoF heartbeat probe";
     nof_heartbeat_failures_threshold: u32 = 3, Master UInt32, Status::Inert(NOF),
         "Consecutive NoF heartbeat failures required before unmounting a NoF segment";
-    dynamic_replication_mode: String = "off", Master String, Status::Refused(DYNAMIC_REPLICATION),
+    dynamic_replication_mode: String = "off", Master String, HONOURED,
         "Dynamic MEMORY replica fanout mode: off, observe, or enforce";
-    dynamic_replication_heat_window_seconds: u32 = 10, Master UInt32, Status::Inert(DYNAMIC_REPLICATION),
+    dynamic_replication_heat_window_seconds: u32 = 10, Master UInt32, HONOURED,
         "Heat observation window for dynamic MEMORY replication";
-    dynamic_replication_admission_qps_threshold: f64 = 0.8, Master Double, Status::Inert(DYNAMIC_REPLICATION),
+    dynamic_replication_admission_qps_threshold: f64 = 0.8, Master Double, HONOURED,
         "Per-key access frequency threshold for dynamic MEMORY replication";
-    dynamic_replication_max_memory_replicas: u64 = 2, Master UInt64, Status::Inert(DYNAMIC_REPLICATION),
+    dynamic_replication_max_memory_replicas: u64 = 2, Master UInt64, HONOURED,
         "Maximum MEMORY replicas allowed for one dynamically replicated key";
     use_mmap_arena_allocator: bool = false, Master Bool, Status::Refused(MMAP_ARENA),
         "Enable the lock-free mmap arena allocator for mmap buffers";
@@ -518,6 +517,8 @@ pub struct OpLogSettings {
     pub cluster_id: String,
     pub ack: OpLogAck,
     pub ack_timeout: std::time::Duration,
+    /// `--enable_ha`: masters elect a leader in etcd; the others are hot standbys.
+    pub ha: bool,
 }
 
 impl ResolvedConfig {
@@ -755,6 +756,25 @@ impl MasterConfig {
                 ),
             ));
         }
+        if let Err(message) = self
+            .dynamic_replication_mode
+            .parse::<mooncake_master::DynamicReplicationMode>()
+        {
+            return Err(invalid("dynamic_replication_mode", message));
+        }
+        if self.dynamic_replication_heat_window_seconds == 0 {
+            return Err(invalid(
+                "dynamic_replication_heat_window_seconds",
+                "must be at least 1 second".into(),
+            ));
+        }
+        let qps = self.dynamic_replication_admission_qps_threshold;
+        if !(qps.is_finite() && qps > 0.0) {
+            return Err(invalid(
+                "dynamic_replication_admission_qps_threshold",
+                format!("{qps} is not a positive number"),
+            ));
+        }
         if self.tenant_quota_connector_type != "file" {
             return Err(invalid(
                 "tenant_quota_connector_type",
@@ -838,7 +858,7 @@ impl MasterConfig {
                 ))
             }
         };
-        if !self.enable_oplog {
+        if !self.enable_oplog && !self.enable_ha {
             return Ok(None);
         }
         if self.ha_backend_type != "etcd" {
@@ -889,6 +909,7 @@ impl MasterConfig {
             cluster_id: self.cluster_id.clone(),
             ack,
             ack_timeout: std::time::Duration::from_millis(self.oplog_ack_timeout_ms),
+            ha: self.enable_ha,
         }))
     }
 
@@ -1103,12 +1124,10 @@ mod tests {
             "--enable_kv_events=true: not supported by mooncake-rs (KV cache events)"
         );
         assert_eq!(err.exit_code(), 2);
-        let err = load(&["--enable_ha", "--root_fs_dir=/mnt/3fs"]).unwrap_err();
+        let err = load(&["--enable_kv_events", "--root_fs_dir=/mnt/3fs"]).unwrap_err();
         let text = err.to_string();
         assert!(
-            text.contains(
-                "--enable_ha=true: not supported by mooncake-rs (high availability (HA))"
-            ),
+            text.contains("--enable_kv_events=true: not supported by mooncake-rs"),
             "{text}"
         );
         assert!(
@@ -1154,7 +1173,14 @@ mod tests {
             "the connstring wins"
         );
         assert_eq!(oplog.ack, OpLogAck::Visible);
+        assert!(!oplog.ha);
+        // --enable_ha implies the op-log (its standbys replay it).
+        let (_, resolved) = load(&["--enable_ha", "--etcd_endpoints=a:1"]).unwrap();
+        let oplog = resolved.oplog.unwrap();
+        assert!(oplog.ha);
+        assert_eq!(oplog.cluster_id, "mooncake_cluster");
         for (args, flag) in [
+            (&["--enable_ha"][..], "enable_oplog"),
             (&["--enable_oplog"][..], "enable_oplog"),
             (&["--oplog_ack=sometimes"][..], "oplog_ack"),
             (
@@ -1199,7 +1225,7 @@ mod tests {
         let notice = resolved.notice.unwrap();
         assert!(!notice.contains('\n'), "one line: {notice}");
         for part in [
-            "high availability (HA): enable_ha, pod_name=\"p1\"",
+            "high availability (HA): pod_name=\"p1\"",
             "snapshot child process (snapshots are written in-process): snapshot_child_timeout_seconds",
             "logtostderr=\"true\"",
         ] {
@@ -1265,6 +1291,18 @@ mod tests {
                 "put_start_release_timeout_sec",
             ),
             (&["--allocation_strategy=best"], "allocation_strategy"),
+            (
+                &["--dynamic_replication_mode=on"],
+                "dynamic_replication_mode",
+            ),
+            (
+                &["--dynamic_replication_heat_window_seconds=0"],
+                "dynamic_replication_heat_window_seconds",
+            ),
+            (
+                &["--dynamic_replication_admission_qps_threshold=0"],
+                "dynamic_replication_admission_qps_threshold",
+            ),
             (&["--memory_allocator=cachelib"], "memory_allocator"),
             (&["--default_kv_lease_ttl=soon"], "default_kv_lease_ttl"),
             (
@@ -1384,7 +1422,8 @@ mod tests {
         assert_eq!(resolved.default_kv_lease_ttl_ms, 5000);
         assert_eq!(config.client_ttl, 5, "the command line wins over the file");
         let notice = resolved.notice.unwrap();
-        assert!(notice.contains("enable_ha"), "{notice}");
+        assert!(!config.enable_ha);
+        assert!(!notice.contains("enable_ha"), "{notice}");
         assert!(
             notice
                 .contains("not flags, ignored: tenant_eviction_high_watermark_ratio, some.nested"),
@@ -1404,10 +1443,11 @@ mod tests {
         assert_eq!(config.eviction_ratio, 0.2);
 
         // A file asking for a feature not built is refused like the flag.
-        let ha = dir.file("ha.yaml", "enable_ha: true\n");
-        let err = load(&[&format!("--config_path={ha}")]).unwrap_err();
+        let events = dir.file("events.yaml", "enable_kv_events: true\n");
+        let err = load(&[&format!("--config_path={events}")]).unwrap_err();
         assert!(
-            err.to_string().contains("--enable_ha=true: not supported"),
+            err.to_string()
+                .contains("--enable_kv_events=true: not supported"),
             "{err}"
         );
     }

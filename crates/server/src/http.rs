@@ -46,6 +46,8 @@ pub struct AdminState {
     /// The cluster's token: required (`Authorization: Bearer`) by every endpoint but the
     /// monitoring ones.
     pub auth_token: Option<AuthToken>,
+    /// This master's role in the election (crate::ha).
+    pub ha: Arc<crate::ha::HaStatus>,
 }
 
 /// Admin paths served without a token even when one is configured: monitoring only (no key,
@@ -139,14 +141,15 @@ pub fn admin_router(state: AdminState) -> Router {
         .route("/metrics", get(metrics))
         .route("/metrics/summary", get(summary))
         .route("/health", get(health))
-        .route("/role", get(|| async { "leader" }))
-        .route("/ha_status", get(|| async { "serving" }))
         .route(
-            "/leader",
-            get(|| async {
-                axum::Json(json!({"present": false, "leader_address": null, "view_version": null}))
-            }),
-        );
+            "/role",
+            get(|State(state): State<AdminState>| async move { state.ha.role() }),
+        )
+        .route(
+            "/ha_status",
+            get(|State(state): State<AdminState>| async move { state.ha.state_name() }),
+        )
+        .route("/leader", get(leader));
     let protected = Router::new()
         .route("/query_key", get(query_key))
         .route("/batch_query_keys", get(batch_query_keys))
@@ -164,8 +167,30 @@ pub fn admin_router(state: AdminState) -> Router {
                 .put(tenant_quotas_put)
                 .delete(tenant_quotas_delete),
         );
+    let protected = protected.route_layer(middleware::from_fn_with_state(
+        state.ha.clone(),
+        require_serving,
+    ));
     open.merge(guarded(protected, token.as_ref()))
         .with_state(state)
+}
+
+/// A master that does not serve (an HA standby, a leader that stepped down) answers the
+/// endpoints that read or change the master's state with 409 `UNAVAILABLE_IN_CURRENT_STATUS`:
+/// its own state is not the cluster's.
+async fn require_serving(
+    State(ha): State<Arc<crate::ha::HaStatus>>,
+    request: Request,
+    next: Next,
+) -> Response {
+    if ha.serving() {
+        return next.run(request).await;
+    }
+    let why = format!(
+        "this master is not the serving leader ({}); ask the leader (/leader)",
+        ha.state_name()
+    );
+    error_response(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS, Some(&why))
 }
 
 async fn metrics(State(state): State<AdminState>) -> Response {
@@ -182,6 +207,7 @@ async fn metrics(State(state): State<AdminState>) -> Response {
     state.workers.render(master.counters(), &mut out);
     state.snapshot_metrics.render(master, &mut out);
     crate::metrics::render_offload(&master.offload_stats(), &mut out);
+    crate::metrics::render_hot_keys(&master.hot_key_stats(), &mut out);
     let core = master.counters();
     crate::metrics::counter(
         &mut out,
@@ -385,14 +411,26 @@ pub fn summary_text(master: &MasterService) -> String {
     )
 }
 
+/// The leader etcd names (`present: false` without election or while nobody leads).
+async fn leader(State(state): State<AdminState>) -> Response {
+    let view = state.ha.view();
+    axum::Json(json!({
+        "present": view.is_some(),
+        "leader_address": view.as_ref().map(|v| v.leader.clone()),
+        "view_version": view.as_ref().map(|v| v.version),
+    }))
+    .into_response()
+}
+
 async fn health(State(state): State<AdminState>) -> Response {
+    let view = state.ha.view();
     axum::Json(json!({
         "status": "ok",
-        "role": "leader",
-        "ha_state": "serving",
-        "service_ready": true,
-        "leader_address": null,
-        "view_version": null,
+        "role": state.ha.role(),
+        "ha_state": state.ha.state_name(),
+        "service_ready": state.ha.serving(),
+        "leader_address": view.as_ref().map(|v| v.leader.clone()),
+        "view_version": view.as_ref().map(|v| v.version),
         "cluster_id": state.cluster_id,
     }))
     .into_response()

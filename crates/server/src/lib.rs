@@ -8,6 +8,7 @@
 pub mod config;
 mod drain_http;
 mod flags;
+pub mod ha;
 pub mod http;
 pub mod metrics;
 pub mod oplog;

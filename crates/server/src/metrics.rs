@@ -1298,6 +1298,74 @@ pub fn render_offload(s: &mooncake_master::OffloadStats, out: &mut String) {
     }
 }
 
+/// Hot-key replication's counters and gauges (docs/master.md "Hot-key replicas").
+pub fn render_hot_keys(s: &mooncake_master::HotKeyStats, out: &mut String) {
+    use mooncake_master::DynamicReplicationMode as Mode;
+    gauge(
+        out,
+        "master_hot_key_mode",
+        "dynamic_replication_mode: 0 off, 1 observe, 2 enforce",
+        match s.mode {
+            Mode::Off => 0.0,
+            Mode::Observe => 1.0,
+            Mode::Enforce => 2.0,
+        },
+    );
+    for (name, help, value) in [
+        (
+            "master_hot_key_reads_counted_total",
+            "Reads whose heat was counted (answers with a memory replica)",
+            s.reads_counted,
+        ),
+        (
+            "master_hot_keys_total",
+            "Times a key was judged hot (observe mode: would have been replicated)",
+            s.hot_keys,
+        ),
+        (
+            "master_hot_key_copy_tasks_total",
+            "Copy tasks queued to give a hot key one more memory replica",
+            s.tasks_queued,
+        ),
+        (
+            "master_hot_key_no_target_total",
+            "Hot keys left alone: no segment could take another replica",
+            s.no_target,
+        ),
+        (
+            "master_hot_key_extras_dropped_total",
+            "Extra replicas of hot keys dropped by eviction (before any whole object)",
+            s.extras_dropped,
+        ),
+        (
+            "master_hot_key_extras_dropped_bytes_total",
+            "Bytes of extra replicas of hot keys dropped by eviction",
+            s.extras_dropped_bytes,
+        ),
+    ] {
+        counter(out, name, help, value);
+    }
+    gauge(
+        out,
+        "master_hot_key_extras",
+        "Extra replicas of hot keys registered (queued or made, not dropped)",
+        s.extras as f64,
+    );
+    let _ = writeln!(
+        out,
+        "# HELP master_hot_key_reads_led_total Multi-replica read answers (enforce mode) whose \
+         first replica, the one readers take, is on this endpoint\n\
+         # TYPE master_hot_key_reads_led_total counter"
+    );
+    for (endpoint, n) in &s.reads_led {
+        let _ = writeln!(
+            out,
+            "master_hot_key_reads_led_total{{endpoint=\"{}\"}} {n}",
+            crate::http::escape_label(endpoint)
+        );
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

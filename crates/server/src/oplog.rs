@@ -17,7 +17,8 @@ use std::time::Duration;
 
 use mooncake_common::ErrorCode;
 use mooncake_master::{MasterService, MasterServiceConfig, MasterState};
-use mooncake_oplog::etcd::{oplog_root, EtcdLog, Prefix};
+use mooncake_oplog::election::Fence;
+use mooncake_oplog::etcd::{oplog_root, EtcdError, EtcdLog, Prefix};
 use mooncake_oplog::{AckError, OpLogSink, OpLogWriter, Replayer, WriterConfig, WriterHealth};
 use mooncake_proto::methods::{self as m, Method};
 use parking_lot::Mutex;
@@ -26,7 +27,7 @@ use crate::config::{OpLogAck, OpLogSettings};
 
 /// Deadline of one etcd call of the writer and of the start.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// Batches read per etcd call at start.
+/// Batches read per etcd call.
 const READ_BATCHES: i64 = 256;
 
 /// When a mutating call's reply waits for durability.
@@ -90,55 +91,144 @@ pub struct LogStart {
     pub state: Option<MasterState>,
 }
 
-/// Reads the whole log and folds it into a state, on a scratch master with `config`.
-pub async fn read_log(
-    settings: &OpLogSettings,
-    config: MasterServiceConfig,
-) -> Result<LogStart, String> {
-    let log = EtcdLog::connect(
+/// Connects to the op-log of `settings` in etcd.
+pub async fn connect_log(settings: &OpLogSettings) -> Result<EtcdLog, String> {
+    EtcdLog::connect(
         &settings.endpoints,
         oplog_root(&settings.cluster_id),
         CALL_TIMEOUT,
     )
     .await
-    .map_err(|e| format!("cannot reach etcd at {:?}: {e}", settings.endpoints))?;
-    let prefix = log.read_prefix().await.map_err(|e| e.to_string())?;
+    .map_err(|e| format!("cannot reach etcd at {:?}: {e}", settings.endpoints))
+}
+
+/// Why a follower of the log stopped.
+#[derive(Debug)]
+pub enum FollowError {
+    /// etcd did not answer: try again later.
+    Unavailable(String),
+    /// The log cannot be followed (a gap, a bad batch, a prefix that went back): replay halted.
+    Halted(String),
+}
+
+impl std::fmt::Display for FollowError {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            FollowError::Unavailable(why) => write!(f, "etcd unavailable: {why}"),
+            FollowError::Halted(why) => write!(f, "op-log replay halted: {why}"),
+        }
+    }
+}
+
+impl From<EtcdError> for FollowError {
+    fn from(e: EtcdError) -> Self {
+        match e {
+            EtcdError::Unavailable(why) => FollowError::Unavailable(why),
+            other => FollowError::Halted(other.to_string()),
+        }
+    }
+}
+
+/// Applies the durable log to a master, batch after batch, as far as the prefix reaches (the
+/// start from the log, a hot standby). Once it has halted it stays halted.
+#[derive(Debug)]
+pub struct LogFollower<'a> {
+    replayer: Replayer<'a>,
+    batch_id: u64,
+    halted: Option<String>,
+}
+
+impl<'a> LogFollower<'a> {
+    /// A follower of an empty log into `master`.
+    pub fn new(master: &'a MasterService) -> Self {
+        LogFollower {
+            replayer: Replayer::new(master, 0),
+            batch_id: 0,
+            halted: None,
+        }
+    }
+
+    pub fn applied_seq(&self) -> u64 {
+        self.replayer.applied_seq()
+    }
+
+    /// Reads the prefix and applies every batch up to it; returns the prefix reached.
+    pub async fn catch_up(&mut self, log: &EtcdLog) -> Result<Option<Prefix>, FollowError> {
+        if let Some(why) = &self.halted {
+            return Err(FollowError::Halted(why.clone()));
+        }
+        match self.step(log).await {
+            Err(FollowError::Halted(why)) => {
+                self.halted = Some(why.clone());
+                Err(FollowError::Halted(why))
+            }
+            other => other,
+        }
+    }
+
+    async fn step(&mut self, log: &EtcdLog) -> Result<Option<Prefix>, FollowError> {
+        let halt = |why: String| Err(FollowError::Halted(why));
+        let Some(prefix) = log.read_prefix().await? else {
+            if self.batch_id > 0 {
+                return halt(format!(
+                    "the prefix disappeared after batch {}",
+                    self.batch_id
+                ));
+            }
+            return Ok(None);
+        };
+        if prefix.batch_id < self.batch_id {
+            return halt(format!(
+                "the prefix went back to batch {} after batch {} was applied",
+                prefix.batch_id, self.batch_id
+            ));
+        }
+        while self.batch_id < prefix.batch_id {
+            let batches = log.read_batches(self.batch_id, READ_BATCHES).await?;
+            if batches.is_empty() {
+                return halt(format!("op-log batch {} is missing", self.batch_id + 1));
+            }
+            for (id, bytes) in batches.into_iter().filter(|(id, _)| *id <= prefix.batch_id) {
+                if id != self.batch_id + 1 {
+                    return halt(format!(
+                        "op-log batch {} is missing (found {id})",
+                        self.batch_id + 1
+                    ));
+                }
+                if let Err(e) = self.replayer.apply_bytes(&bytes) {
+                    return halt(format!("op-log batch {id}: {e}"));
+                }
+                self.batch_id = id;
+            }
+        }
+        if self.replayer.applied_seq() != prefix.last_seq {
+            return halt(format!(
+                "op-log ends at batch {} sequence {} but its prefix says sequence {}",
+                self.batch_id,
+                self.replayer.applied_seq(),
+                prefix.last_seq
+            ));
+        }
+        Ok(Some(prefix))
+    }
+}
+
+/// Reads the whole log and folds it into a state, on a scratch master with `config`.
+pub async fn read_log(
+    settings: &OpLogSettings,
+    config: MasterServiceConfig,
+) -> Result<LogStart, String> {
+    let log = connect_log(settings).await?;
+    let scratch = MasterService::new(config, Arc::new(mooncake_common::SystemClock::new()))
+        .map_err(|e| e.to_string())?;
+    let mut follower = LogFollower::new(&scratch);
+    let prefix = follower.catch_up(&log).await.map_err(|e| e.to_string())?;
     let Some(prefix) = prefix else {
         return Ok(LogStart {
             prefix: None,
             state: None,
         });
     };
-    let scratch = MasterService::new(config, Arc::new(mooncake_common::SystemClock::new()))
-        .map_err(|e| e.to_string())?;
-    let mut replayer = Replayer::new(&scratch, 0);
-    let mut last = 0;
-    while last < prefix.batch_id {
-        let batches = log
-            .read_batches(last, READ_BATCHES)
-            .await
-            .map_err(|e| e.to_string())?;
-        if batches.is_empty() {
-            break;
-        }
-        for (id, bytes) in batches.into_iter().filter(|(id, _)| *id <= prefix.batch_id) {
-            if id != last + 1 {
-                return Err(format!("op-log batch {} is missing (found {id})", last + 1));
-            }
-            replayer
-                .apply_bytes(&bytes)
-                .map_err(|e| format!("op-log batch {id}: {e}"))?;
-            last = id;
-        }
-    }
-    if last != prefix.batch_id || replayer.applied_seq() != prefix.last_seq {
-        return Err(format!(
-            "op-log ends at batch {last} sequence {} but its prefix says batch {} sequence {}",
-            replayer.applied_seq(),
-            prefix.batch_id,
-            prefix.last_seq
-        ));
-    }
     tracing::info!(
         "op-log read: {} batches, {} entries",
         prefix.batch_id,
@@ -160,12 +250,15 @@ pub struct OpLogHandle {
 }
 
 impl OpLogHandle {
-    /// Installs the sink on `master` (numbering from the prefix) and starts the writer. Call it
-    /// before the master serves.
+    /// Installs the sink on `master` (numbering from the prefix) and starts the writer, which
+    /// writes `view` into its batches and, with an election, commits only while `fence` holds.
+    /// Call it before the master serves.
     pub fn start(
         master: &MasterService,
         settings: &OpLogSettings,
         prefix: Option<Prefix>,
+        view: u64,
+        fence: Option<Fence>,
     ) -> Result<Arc<OpLogHandle>, String> {
         let sink = Arc::new(OpLogSink::new(prefix.map_or(0, |p| p.last_seq)));
         master
@@ -176,9 +269,10 @@ impl OpLogHandle {
             WriterConfig {
                 endpoints: settings.endpoints.clone(),
                 root: oplog_root(&settings.cluster_id),
-                view: 1,
+                view,
                 start: prefix,
                 call_timeout: CALL_TIMEOUT,
+                fence,
             },
         )
         .map_err(|e| format!("cannot start the op-log writer: {e}"))?;
@@ -239,3 +333,6 @@ impl OpLogHandle {
         }
     }
 }
+
+/// Where a master's op-log is once it runs: set at start, or at promotion with `--enable_ha`.
+pub type OpLogSlot = std::sync::OnceLock<Arc<OpLogHandle>>;

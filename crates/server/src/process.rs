@@ -15,9 +15,10 @@ use tokio::sync::watch;
 use tokio::task::JoinSet;
 
 use crate::config::{MasterConfig, ResolvedConfig};
+use crate::ha::{supervise, HaContext, HaStatus};
 use crate::http::{admin_router, metadata_router, AdminState, MetadataStore};
 use crate::metrics::{RpcMetrics, WorkerMetrics};
-use crate::oplog::{read_log, OpLogHandle};
+use crate::oplog::{read_log, OpLogHandle, OpLogSlot};
 use crate::rpc_dispatch::MasterRpc;
 use crate::snapshot::{PeriodicSnapshots, SnapshotMetrics, Snapshotter};
 
@@ -72,6 +73,12 @@ pub fn core_config(config: &MasterConfig, resolved: &ResolvedConfig) -> MasterSe
         promotion_on_hit: config.promotion_on_hit,
         promotion_admission_threshold: config.promotion_admission_threshold,
         promotion_queue_limit: config.promotion_queue_limit,
+        // validate() has checked the mode.
+        dynamic_replication_mode: config.dynamic_replication_mode.parse().unwrap_or_default(),
+        dynamic_replication_heat_window_sec: config.dynamic_replication_heat_window_seconds,
+        dynamic_replication_admission_qps_threshold: config
+            .dynamic_replication_admission_qps_threshold,
+        dynamic_replication_max_memory_replicas: config.dynamic_replication_max_memory_replicas,
     }
 }
 
@@ -122,7 +129,7 @@ pub struct RunningMaster {
     snapshotter: Option<Arc<Snapshotter>>,
     periodic: Option<PeriodicSnapshots>,
     final_snapshot: bool,
-    oplog: Option<Arc<OpLogHandle>>,
+    oplog: Arc<OpLogSlot>,
 }
 
 /// Longest wait at shutdown for the op-log's last entries to become durable.
@@ -159,7 +166,7 @@ impl RunningMaster {
         initial: Option<(MasterState, RestoreOptions)>,
     ) -> Result<RunningMaster, StartError> {
         let (initial, log_prefix) = match &resolved.oplog {
-            Some(settings) => {
+            Some(settings) if !settings.ha => {
                 let start = read_log(settings, core_config(config, resolved))
                     .await
                     .map_err(StartError::OpLog)?;
@@ -169,7 +176,7 @@ impl RunningMaster {
                 };
                 (start.state.map(|s| (s, options)), start.prefix)
             }
-            None => (initial, None),
+            _ => (initial, None),
         };
         let master = Arc::new(MasterService::new(
             core_config(config, resolved),
@@ -180,11 +187,16 @@ impl RunningMaster {
         if let Some((state, options)) = initial {
             restore_into(&master, state, options, &snapshot_metrics)?;
         }
-        let oplog = match &resolved.oplog {
+        let oplog: Arc<OpLogSlot> = Arc::default();
+        let ha = match &resolved.oplog {
+            Some(settings) if settings.ha => HaStatus::elected(),
             Some(settings) => {
-                Some(OpLogHandle::start(&master, settings, log_prefix).map_err(StartError::OpLog)?)
+                let handle = OpLogHandle::start(&master, settings, log_prefix, 1, None)
+                    .map_err(StartError::OpLog)?;
+                let _ = oplog.set(handle);
+                HaStatus::single()
             }
-            None => None,
+            None => HaStatus::single(),
         };
         let policy_path = load_tenant_policy(config, &master)?;
         let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
@@ -195,7 +207,8 @@ impl RunningMaster {
         let handler = Arc::new(
             MasterRpc::new(master.clone(), metrics.clone(), Limits::default())
                 .with_snapshots(snapshotter.clone())
-                .with_oplog(oplog.clone()),
+                .with_oplog(oplog.clone())
+                .with_ha(ha.clone()),
         );
         let rpc = RpcServer::bind(resolved.rpc_addr, handler, rpc_config)
             .await
@@ -220,6 +233,7 @@ impl RunningMaster {
             snapshots: snapshotter.clone(),
             snapshot_metrics,
             auth_token: resolved.auth_token.clone(),
+            ha: ha.clone(),
         });
         let metrics_addr = serve_http(
             &mut tasks,
@@ -244,6 +258,17 @@ impl RunningMaster {
         };
 
         spawn_background_workers(&mut tasks, &master, &stop_rx, &workers);
+        if let Some(settings) = resolved.oplog.as_ref().filter(|s| s.ha) {
+            let ctx = HaContext {
+                master: master.clone(),
+                replica_config: core_config(config, resolved),
+                settings: settings.clone(),
+                address: rpc_addr.to_string(),
+                status: ha.clone(),
+                oplog: oplog.clone(),
+            };
+            tasks.spawn(supervise(ctx, stop_rx.clone()));
+        }
         if config.enable_metric_reporting {
             spawn_metric_reporter(&mut tasks, &master, stop_rx);
         }
@@ -303,7 +328,7 @@ impl RunningMaster {
         while self.tasks.join_next().await.is_some() {}
         let periodic = self.periodic.take();
         let snapshotter = self.snapshotter.take().filter(|_| self.final_snapshot);
-        let oplog = self.oplog.take();
+        let oplog = self.oplog.get().cloned();
         let joined = tokio::task::spawn_blocking(move || {
             if let Some(oplog) = oplog {
                 oplog.stop(OPLOG_DRAIN_AT_SHUTDOWN);

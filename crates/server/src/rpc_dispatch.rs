@@ -9,8 +9,9 @@ use mooncake_proto::{decode, encode_into, Limits, Reply};
 use mooncake_rpc::{Handler, HandlerError};
 use std::sync::Arc;
 
+use crate::ha::HaStatus;
 use crate::metrics::RpcMetrics;
-use crate::oplog::{method_class, OpLogHandle};
+use crate::oplog::{method_class, OpLogSlot};
 use crate::snapshot::Snapshotter;
 
 /// The version string `ServiceReady` answers.
@@ -23,7 +24,8 @@ pub struct MasterRpc {
     metrics: Arc<RpcMetrics>,
     limits: Limits,
     snapshots: Option<Arc<Snapshotter>>,
-    oplog: Option<Arc<OpLogHandle>>,
+    oplog: Arc<OpLogSlot>,
+    ha: Arc<HaStatus>,
 }
 
 impl MasterRpc {
@@ -33,7 +35,8 @@ impl MasterRpc {
             metrics,
             limits,
             snapshots: None,
-            oplog: None,
+            oplog: Arc::default(),
+            ha: HaStatus::single(),
         }
     }
 
@@ -43,9 +46,17 @@ impl MasterRpc {
         self
     }
 
-    /// Gates and acknowledges mutating calls with `oplog` (crate::oplog).
-    pub fn with_oplog(mut self, oplog: Option<Arc<OpLogHandle>>) -> Self {
+    /// Gates and acknowledges mutating calls with the op-log in `oplog`, once it is there
+    /// (crate::oplog).
+    pub fn with_oplog(mut self, oplog: Arc<OpLogSlot>) -> Self {
         self.oplog = oplog;
+        self
+    }
+
+    /// Answers every call with `UNAVAILABLE_IN_CURRENT_STATUS` while `ha` says this master
+    /// does not serve (a standby, a leader not yet serving or stepped down: crate::ha).
+    pub fn with_ha(mut self, ha: Arc<HaStatus>) -> Self {
+        self.ha = ha;
         self
     }
 
@@ -82,7 +93,7 @@ impl MasterRpc {
         };
         let logged = self
             .oplog
-            .as_ref()
+            .get()
             .and_then(|h| method_class(M::ID).map(|class| (h, class)));
         let reply = match request.check_limits(&self.limits) {
             Ok(()) => match logged.map(|(h, _)| h.gate()) {
@@ -120,20 +131,34 @@ impl MasterRpc {
     }
 }
 
-/// Promotion on hit counts the disk-only objects of a batch read (`MasterService::note_read`).
-fn note_reads(
-    ms: &MasterService,
-    keys: &[String],
-    tenant: &str,
-    replies: &[Result<mooncake_common::GetReplicaListResponse, ErrorCode>],
-) {
+type ReadReply = Result<mooncake_common::GetReplicaListResponse, ErrorCode>;
+
+/// What a read feeds besides its answer: promotion on hit counts disk-only objects
+/// (`MasterService::note_read`), hot-key replication counts read heat and, in enforce mode,
+/// rotates the replicas of a multi-replica answer (`MasterService::note_heat`).
+fn note_read(ms: &MasterService, key: &str, tenant: &str, reply: &mut ReadReply) {
+    ms.note_read(key, tenant, reply);
+    ms.note_heat(key, tenant, reply);
+}
+
+/// [`note_read`] for each key of a batch read.
+fn note_reads(ms: &MasterService, keys: &[String], tenant: &str, replies: &mut [ReadReply]) {
     for (key, reply) in keys.iter().zip(replies) {
-        ms.note_read(key, tenant, reply);
+        note_read(ms, key, tenant, reply);
     }
 }
 
 impl Handler for MasterRpc {
     fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        if !self.ha.serving() {
+            return Err(HandlerError::new(
+                ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+                format!(
+                    "this master is not the serving leader ({})",
+                    self.ha.state_name()
+                ),
+            ));
+        }
         match method {
             m::ExistKey::ID => self.serve(body, out, |ms, r: &m::ExistKey| {
                 ms.exist_key(&r.key, &r.tenant)
@@ -161,8 +186,8 @@ impl Handler for MasterRpc {
                 body,
                 out,
                 |ms, r: &m::GetReplicaList| {
-                    let reply = ms.get_replica_list(&r.key, &r.tenant);
-                    ms.note_read(&r.key, &r.tenant, &reply);
+                    let mut reply = ms.get_replica_list(&r.key, &r.tenant);
+                    note_read(ms, &r.key, &r.tenant, &mut reply);
                     reply
                 },
                 |metrics, _, reply| {
@@ -174,8 +199,8 @@ impl Handler for MasterRpc {
                 body,
                 out,
                 |ms, r: &m::BatchGetReplicaList| {
-                    let replies = ms.batch_get_replica_list(&r.keys, &r.tenant);
-                    note_reads(ms, &r.keys, &r.tenant, &replies);
+                    let mut replies = ms.batch_get_replica_list(&r.keys, &r.tenant);
+                    note_reads(ms, &r.keys, &r.tenant, &mut replies);
                     Ok(replies)
                 },
                 |metrics, r, reply| match reply {
@@ -199,8 +224,8 @@ impl Handler for MasterRpc {
                 out,
                 |ms, r: &m::GetReplicaListPinned| {
                     ms.release_reads(&r.release, &r.tenant);
-                    let reply = ms.get_replica_list_pinned(&r.key, &r.tenant);
-                    ms.note_read(&r.key, &r.tenant, &reply);
+                    let mut reply = ms.get_replica_list_pinned(&r.key, &r.tenant);
+                    note_read(ms, &r.key, &r.tenant, &mut reply);
                     reply
                 },
                 |metrics, _, reply| {
@@ -213,8 +238,8 @@ impl Handler for MasterRpc {
                 out,
                 |ms, r: &m::BatchGetReplicaListPinned| {
                     ms.release_reads(&r.release, &r.tenant);
-                    let replies = ms.batch_get_replica_list_pinned(&r.keys, &r.tenant);
-                    note_reads(ms, &r.keys, &r.tenant, &replies);
+                    let mut replies = ms.batch_get_replica_list_pinned(&r.keys, &r.tenant);
+                    note_reads(ms, &r.keys, &r.tenant, &mut replies);
                     Ok(replies)
                 },
                 |metrics, r, reply| {

@@ -84,7 +84,8 @@ pub enum PutOutcome {
 /// Settings of a store client.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// The master's RPC address (`host:port`).
+    /// The master's RPC address (`host:port`), or the addresses of a high-availability
+    /// group's masters separated by `,` (calls follow the leader: `MasterClient`).
     pub master_addr: String,
     /// Host (or `host:port`) peers use to reach this client's transfer server.
     pub local_hostname: String,
@@ -225,6 +226,24 @@ pub struct StoreClient {
     heartbeat: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
+/// The master addresses of `addrs`: one address, or several separated by `,` (the masters of
+/// a high-availability group).
+fn resolve_masters(addrs: &str) -> Result<Vec<SocketAddr>, StoreError> {
+    addrs
+        .split(',')
+        .map(str::trim)
+        .filter(|a| !a.is_empty())
+        .map(resolve)
+        .collect::<Result<Vec<_>, _>>()
+        .and_then(|v| {
+            if v.is_empty() {
+                Err(StoreError::InvalidParams("no master address given".into()))
+            } else {
+                Ok(v)
+            }
+        })
+}
+
 fn resolve(addr: &str) -> Result<SocketAddr, StoreError> {
     addr.to_socket_addrs()
         .map_err(|e| StoreError::InvalidParams(format!("master address {addr:?}: {e}")))?
@@ -340,7 +359,7 @@ impl StoreClient {
                 config.global_segment_size
             )));
         }
-        let master_addr = resolve(&config.master_addr)?;
+        let master_addrs = resolve_masters(&config.master_addr)?;
         let bind = transfer_bind(&config.local_hostname)?;
         let auth_token = match &config.auth_token {
             Some(token) => Some(token.clone()),
@@ -359,7 +378,7 @@ impl StoreClient {
         let engine = start_engine(transfer, &bind, config.auto_port_range.as_ref())?;
         let mut rpc = config.rpc.clone();
         rpc.auth_token = auth_token;
-        let master = MasterClient::new(master_addr, rpc.clone());
+        let master = MasterClient::with_masters(&master_addrs, rpc.clone());
         master.service_ready().await?;
         let disk = match &config.disk {
             Some(disk) => Some(Arc::new(DiskTier::open(disk.clone(), &engine)?)),
