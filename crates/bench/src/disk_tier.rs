@@ -13,7 +13,8 @@
 //!   and advertises every object, which is now on disk only. Once the old node has expired at
 //!   the master (`--client_ttl=2`) the page cache of the directory is dropped and the reader gets
 //!   every object once (1 MiB `get`: one load request to the node, one transfer from its staging
-//!   memory, checksum).
+//!   memory, checksum); then, the cache dropped again, once more 16 keys per `get_batch` (one
+//!   load request for the 16, one transfer batch).
 //! - **Memory tier, offload off vs on**: the same puts then two passes of gets, against a master
 //!   and node without a disk, and against a master with eager offload and a node with a disk
 //!   (whose offload runs during the puts).
@@ -37,6 +38,8 @@ use crate::store::{client_config, runtime, start_master_with, CopyTuning};
 const MIB: usize = 1 << 20;
 /// Objects per offload batch (the node's default), so the raw loop syncs as often.
 const OFFLOAD_BATCH: usize = 64;
+/// Keys per `get_batch` of the batch row.
+const GET_BATCH: usize = 16;
 
 #[derive(Debug, clap::Args)]
 pub struct Args {
@@ -129,17 +132,29 @@ async fn put_all(c: &StoreClient, n: usize, value: &[u8], limit: Duration) -> an
     })
 }
 
-/// Gets the `n` objects `passes` times through `c`, checking each against `value`; the rate.
-async fn get_all(c: &StoreClient, n: usize, passes: usize, value: &[u8]) -> anyhow::Result<Rate> {
+/// Gets the `n` objects `passes` times through `c`, `batch` keys per call (`get` when 1,
+/// `get_batch` otherwise), checking each against `value`; the rate.
+async fn get_all(
+    c: &StoreClient,
+    n: usize,
+    passes: usize,
+    batch: usize,
+    value: &[u8],
+) -> anyhow::Result<Rate> {
+    let names: Vec<String> = (0..n).map(key).collect();
     let start = Instant::now();
     for _ in 0..passes {
-        for i in 0..n {
-            let got = c
-                .get(&key(i))
-                .await
-                .with_context(|| format!("get {}", key(i)))?;
-            if got != value {
-                bail!("{}: other bytes than were put", key(i));
+        for chunk in names.chunks(batch) {
+            let got = if batch == 1 {
+                vec![c.get(&chunk[0]).await]
+            } else {
+                let refs: Vec<&str> = chunk.iter().map(String::as_str).collect();
+                c.get_batch(&refs).await
+            };
+            for (name, got) in chunk.iter().zip(got) {
+                if got.with_context(|| format!("get {name}"))? != value {
+                    bail!("{name}: other bytes than were put");
+                }
             }
         }
     }
@@ -174,13 +189,13 @@ async fn wait_stats(
     }
 }
 
-/// Offload MB/s and LOCAL_DISK get MB/s of `n` objects in `dir`.
+/// Offload MB/s, LOCAL_DISK get MB/s and LOCAL_DISK batch get MB/s of `n` objects in `dir`.
 async fn disk_case(
     args: &Args,
     dir: &Path,
     n: usize,
     value: &[u8],
-) -> anyhow::Result<(Rate, Rate)> {
+) -> anyhow::Result<(Rate, Rate, Rate)> {
     let limit = Duration::from_secs_f64(args.seconds);
     let bytes = (n * value.len()) as u64;
     let segment = bytes + bytes / 2;
@@ -223,7 +238,9 @@ async fn disk_case(
     };
     wait_stats(&reader, limit, "the old node expired", |s| s.disks == 1).await?;
     drop_page_cache(dir).context("dropping the page cache")?;
-    let get = get_all(&reader, n, 1, value).await?;
+    let get = get_all(&reader, n, 1, 1, value).await?;
+    drop_page_cache(dir).context("dropping the page cache")?;
+    let batch = get_all(&reader, n, 1, GET_BATCH, value).await?;
     let loads = reader
         .stats()
         .offload_rpc_reads
@@ -233,7 +250,7 @@ async fn disk_case(
     }
     let _ = reader.close().await;
     let _ = node.close().await;
-    Ok((offload, get))
+    Ok((offload, get, batch))
 }
 
 /// Memory-tier put and get rates, with a disk and eager offload (`dir`) or without.
@@ -255,7 +272,7 @@ async fn memory_case(
         None => Cluster::start(args, &[], segment, None).await?,
     };
     let put = put_all(&cluster.reader, n, value, limit).await?;
-    let get = get_all(&cluster.reader, n, 2, value).await?;
+    let get = get_all(&cluster.reader, n, 2, 1, value).await?;
     if dir.is_some() {
         wait_stats(&cluster.reader, limit, "offload settled", |s| {
             s.in_flight == 0
@@ -306,7 +323,7 @@ fn round(
     value: &[u8],
     n: usize,
     on_first: bool,
-) -> anyhow::Result<[Rate; 8]> {
+) -> anyhow::Result<[Rate; 9]> {
     let limit = Duration::from_secs_f64(args.seconds);
     let raw_dir = scratch.join("raw");
     std::fs::create_dir_all(&raw_dir)?;
@@ -321,7 +338,7 @@ fn round(
     )?;
     std::fs::remove_dir_all(&raw_dir)?;
     let disk_dir = scratch.join("disk");
-    let (offload, disk_get) = rt.block_on(disk_case(args, &disk_dir, n, value))?;
+    let (offload, disk_get, disk_batch) = rt.block_on(disk_case(args, &disk_dir, n, value))?;
     std::fs::remove_dir_all(&disk_dir)?;
     let memory_dir = scratch.join("memory");
     let mut order = [false, true];
@@ -337,7 +354,7 @@ fn round(
     }
     let _ = std::fs::remove_dir_all(&memory_dir);
     Ok([
-        raw_write, raw_read, offload, disk_get, off.0, on.0, off.1, on.1,
+        raw_write, raw_read, offload, disk_get, off.0, on.0, off.1, on.1, disk_batch,
     ])
 }
 
@@ -347,11 +364,11 @@ fn measure(args: &Args, scratch: &Path) -> anyhow::Result<()> {
     crate::fill_pattern(&mut value, 7);
     let rt = runtime()?;
     let rounds = args.rounds.max(1);
-    let mut all: Vec<[Rate; 8]> = Vec::new();
+    let mut all: Vec<[Rate; 9]> = Vec::new();
     for r in 0..rounds {
         all.push(round(args, &rt, scratch, &value, n, r % 2 == 1)?);
     }
-    let m: Vec<Rate> = (0..8)
+    let m: Vec<Rate> = (0..9)
         .map(|i| median(all.iter().map(|r| r[i]).collect()))
         .collect();
     println!(
@@ -373,6 +390,11 @@ fn measure(args: &Args, scratch: &Path) -> anyhow::Result<()> {
         m[3],
         Some(("raw read", m[1])),
     );
+    row(
+        "LOCAL_DISK batch_get 16 × 1 MiB, page cache dropped",
+        m[8],
+        Some(("raw read", m[1])),
+    );
     row("memory put 1 MiB, offload off", m[4], None);
     row(
         "memory put 1 MiB, eager offload on",
@@ -387,9 +409,10 @@ fn measure(args: &Args, scratch: &Path) -> anyhow::Result<()> {
     );
     for (i, r) in all.iter().enumerate() {
         eprintln!(
-            "round {i}: offload / raw write {:.2}, disk get / raw read {:.2}, put on / off {:.2}, get on / off {:.2}",
+            "round {i}: offload / raw write {:.2}, disk get / raw read {:.2}, disk batch get / raw read {:.2}, put on / off {:.2}, get on / off {:.2}",
             r[2].mb_s() / r[0].mb_s().max(1e-9),
             r[3].mb_s() / r[1].mb_s().max(1e-9),
+            r[8].mb_s() / r[1].mb_s().max(1e-9),
             r[5].mb_s() / r[4].mb_s().max(1e-9),
             r[7].mb_s() / r[6].mb_s().max(1e-9),
         );
