@@ -7,6 +7,7 @@
 //! [`run`] must therefore be `mooncake`, routing `bench` to [`BenchCommand`] and `master` to the
 //! master process, as `crates/cli` does.
 
+mod disk_tier;
 mod master;
 mod oplog;
 mod ops;
@@ -38,6 +39,10 @@ pub enum BenchCommand {
     Transfer(transfer::Args),
     /// SSD tier: MB/s and ops/s per backend and durability policy next to raw file throughput.
     Storage(storage::Args),
+    /// Disk tier of a running store: offload MB/s and 1 MiB LOCAL_DISK get MB/s next to raw
+    /// sequential write and read of the same disk, and memory-tier put/get with offload off and
+    /// on, all in one run.
+    DiskTier(disk_tier::Args),
     /// Store client: upstream_bench.py's cases against a master child, next to the ping-pong
     /// floor (also what plain `mooncake bench` runs).
     Store(store::Args),
@@ -71,6 +76,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Transfer(args) => transfer::run(args),
         BenchCommand::Storage(args) => storage::run(args),
+        BenchCommand::DiskTier(args) => disk_tier::run(args),
         BenchCommand::Master(args) => master::run(args),
         BenchCommand::Oplog(args) => oplog::run(args),
         BenchCommand::Ops(args) => ops::run(args),
