@@ -7,8 +7,10 @@
 //! [`run`] must therefore be `mooncake`, routing `bench` to [`BenchCommand`] and `master` to the
 //! master process, as `crates/cli` does.
 
+mod disk_tier;
 mod master;
 mod oplog;
+mod ops;
 pub mod pingpong;
 pub mod scaling;
 mod snapshot;
@@ -29,10 +31,18 @@ pub enum BenchCommand {
     /// Master snapshot in process: take time, bytes per object, restore time, and a reader's
     /// GetReplicaList p99 during the take next to its p99 without one.
     Snapshot(snapshot::Args),
+    /// Work store nodes do for the master, with real processes: a drain's MB/s next to the
+    /// store-to-store write rate and a reader's p99 during it; a new node's share of bytes and
+    /// batch puts' p99 during its join ramp next to the steady state.
+    Ops(ops::Args),
     /// Data plane: MB/s and latency per transport next to iperf3 and memcpy.
     Transfer(transfer::Args),
     /// SSD tier: MB/s and ops/s per backend and durability policy next to raw file throughput.
     Storage(storage::Args),
+    /// Disk tier of a running store: offload MB/s and 1 MiB LOCAL_DISK get MB/s next to raw
+    /// sequential write and read of the same disk, and memory-tier put/get with offload off and
+    /// on, all in one run.
+    DiskTier(disk_tier::Args),
     /// Store client: upstream_bench.py's cases against a master child, next to the ping-pong
     /// floor (also what plain `mooncake bench` runs).
     Store(store::Args),
@@ -66,8 +76,10 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
     match command {
         BenchCommand::Transfer(args) => transfer::run(args),
         BenchCommand::Storage(args) => storage::run(args),
+        BenchCommand::DiskTier(args) => disk_tier::run(args),
         BenchCommand::Master(args) => master::run(args),
         BenchCommand::Oplog(args) => oplog::run(args),
+        BenchCommand::Ops(args) => ops::run(args),
         BenchCommand::Snapshot(args) => snapshot::run(args),
         BenchCommand::Store(args) => store::run(args),
         BenchCommand::StorePeer(args) => store::run_peer(args),

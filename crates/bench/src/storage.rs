@@ -54,17 +54,17 @@ pub struct Args {
 const MB: f64 = 1e6;
 
 #[derive(Debug, Clone, Copy, Default)]
-struct Rate {
-    bytes: u64,
-    ops: u64,
-    secs: f64,
+pub(crate) struct Rate {
+    pub bytes: u64,
+    pub ops: u64,
+    pub secs: f64,
 }
 
 impl Rate {
-    fn mb_s(&self) -> f64 {
+    pub(crate) fn mb_s(&self) -> f64 {
         self.bytes as f64 / MB / self.secs.max(1e-9)
     }
-    fn ops_s(&self) -> f64 {
+    pub(crate) fn ops_s(&self) -> f64 {
         self.ops as f64 / self.secs.max(1e-9)
     }
 }
@@ -217,7 +217,7 @@ fn medians(rounds: &[(Rate, Rate)]) -> (Rate, Rate) {
 }
 
 /// Sequential writes of `value` to one file with the policy's fsync cadence, then reads.
-fn raw_sequential(
+pub(crate) fn raw_sequential(
     dir: &Path,
     value: &[u8],
     per_batch: usize,

@@ -202,6 +202,11 @@ impl Drop for KillOnDrop {
 
 /// Starts `mooncake master` on loopback with free ports; returns it and its RPC address.
 pub(crate) fn start_master() -> anyhow::Result<(KillOnDrop, String)> {
+    start_master_with(&[])
+}
+
+/// [`start_master`] with `extra` flags.
+pub(crate) fn start_master_with(extra: &[&str]) -> anyhow::Result<(KillOnDrop, String)> {
     let exe = std::env::current_exe().context("locating the mooncake binary")?;
     let mut child = KillOnDrop(
         Command::new(exe)
@@ -212,6 +217,7 @@ pub(crate) fn start_master() -> anyhow::Result<(KillOnDrop, String)> {
                 "--metrics_host=127.0.0.1",
                 "--metrics_port=0",
             ])
+            .args(extra)
             .env("MOONCAKE_LOG", "warn")
             .stdout(Stdio::piped())
             .spawn()

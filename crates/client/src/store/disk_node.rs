@@ -292,7 +292,9 @@ async fn offload_loop(inner: Weak<Inner>) {
             tracing::debug!(%error, "promotion heartbeat failed");
         }
         let busy = match client.offload_once(&disk).await {
-            Ok(n) => n as u64 >= disk.config().offload_batch,
+            // Tasks came: ask again at once (more are likely queued behind them); sleep only
+            // once the mailbox is empty.
+            Ok(n) => n > 0,
             Err(StoreError::Master(MasterError::Master(ErrorCode::SEGMENT_NOT_FOUND))) => {
                 if let Err(error) = client.mount_disk().await {
                     tracing::warn!(%error, "re-mounting the disk failed");
