@@ -15,7 +15,7 @@ use std::io::Write;
 /// Flags of `mooncake store`.
 #[derive(Debug, clap::Args)]
 pub struct Args {
-    /// The master's RPC address, or a high-availability group's masters as `h1:p1,h2:p2`.
+    /// The master's RPC address, a high-availability group's masters as `h1:p1,h2:p2`, or `etcd://h1:2379` (the leader etcd names).
     #[arg(long, default_value = "127.0.0.1:50051")]
     pub master: String,
     /// Memory contributed to the cluster (`4GiB`, `512MiB`, `1073741824`).

@@ -12,7 +12,7 @@ use std::io::{Read, Write};
 /// Where the cluster is.
 #[derive(Debug, Clone, clap::Args)]
 pub struct Target {
-    /// The master's RPC address, or a high-availability group's masters as `h1:p1,h2:p2`.
+    /// The master's RPC address, a high-availability group's masters as `h1:p1,h2:p2`, or `etcd://h1:2379` (the leader etcd names).
     #[arg(long, default_value = "127.0.0.1:50051", global = true)]
     pub master: String,
     /// Tenant of the keys (empty = `default`).

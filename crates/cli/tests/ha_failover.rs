@@ -1,6 +1,7 @@
 //! High availability with real processes: a real etcd started by the test, two `mooncake
 //! master --enable_ha` processes, a `mooncake store` node and this test process as the client,
-//! both given both masters' addresses (`a,b`: calls follow the leader).
+//! given both masters' addresses (`a,b`) or `etcd://` (the leader key): calls follow the
+//! leader.
 //!
 //! - The first master leads, the second is a hot standby; `/role`, `/ha_status` and `/leader`
 //!   say so on both. The leader is SIGKILLed: the standby takes over with a higher view
@@ -91,7 +92,7 @@ async fn client(masters: &str) -> StoreClient {
 
 /// A leader and a standby on one etcd, a node, a client of both masters.
 struct Cluster {
-    _etcd: EtcdServer,
+    etcd: EtcdServer,
     first: MasterProcess,
     second: MasterProcess,
     _node: StoreNode,
@@ -99,7 +100,9 @@ struct Cluster {
     _tmp: tempfile::TempDir,
 }
 
-fn cluster(name: &str) -> Cluster {
+/// With `node_via_etcd` the node is given `etcd://…` (the cluster must then be upstream's
+/// default `mooncake_cluster`), else both masters' addresses.
+fn cluster(name: &str, node_via_etcd: bool) -> Cluster {
     let tmp = tempfile::tempdir().unwrap();
     let etcd = EtcdServer::start();
     let first = start_master(&etcd, name, &tmp.path().join("m1.log"));
@@ -122,9 +125,14 @@ fn cluster(name: &str) -> Cluster {
     assert_eq!(leader(second.metrics).0, first.rpc.to_string());
     assert_eq!(leader(first.metrics), leader(second.metrics));
     let masters = format!("{},{}", first.rpc, second.rpc);
-    let node = StoreNode::start(&masters, "64MiB", &["--transport", "tcp"]);
+    let node_master = if node_via_etcd {
+        format!("etcd://127.0.0.1:{}", etcd.client_port)
+    } else {
+        masters.clone()
+    };
+    let node = StoreNode::start(&node_master, "64MiB", &["--transport", "tcp"]);
     Cluster {
-        _etcd: etcd,
+        etcd,
         first,
         second,
         _node: node,
@@ -180,16 +188,18 @@ async fn check_after_failover(c: &StoreClient, kept: &[(String, Vec<u8>)], remov
 #[test]
 fn the_standby_takes_over_a_sigkilled_leader_with_every_acknowledged_object() {
     let Cluster {
-        _etcd,
+        etcd,
         first,
         second,
         _node,
         masters,
         _tmp,
-    } = cluster("ha-kill");
+    } = cluster("mooncake_cluster", true);
     let rt = runtime();
     let c = rt.block_on(client(&masters));
-    let (kept, removed) = rt.block_on(write_some(&c, "k"));
+    // This client and the node find the leader in etcd (upstream's default cluster id).
+    let via_etcd = rt.block_on(client(&format!("etcd://127.0.0.1:{}", etcd.client_port)));
+    let (kept, removed) = rt.block_on(write_some(&via_etcd, "k"));
     let (_, old_view) = leader(second.metrics);
     let mut first = first;
     signal(&first.child, libc::SIGKILL);
@@ -200,19 +210,20 @@ fn the_standby_takes_over_a_sigkilled_leader_with_every_acknowledged_object() {
     let (address, view) = leader(second.metrics);
     assert_eq!(address, second.rpc.to_string());
     assert!(view > old_view, "view {view} after {old_view}");
-    rt.block_on(check_after_failover(&c, &kept, &removed));
+    rt.block_on(check_after_failover(&via_etcd, &kept, &removed));
+    rt.block_on(common::wait_readable_within(&c, &kept, WAIT));
 }
 
 #[test]
 fn a_leader_stopped_until_the_standby_took_over_acknowledges_nothing_after_and_steps_down() {
     let Cluster {
-        _etcd,
+        etcd: _etcd,
         first,
         second,
         _node,
         masters,
         _tmp,
-    } = cluster("ha-stop");
+    } = cluster("ha-stop", false);
     let rt = runtime();
     let c = rt.block_on(client(&masters));
     let only_first = rt.block_on(client(&first.rpc.to_string()));
@@ -357,7 +368,7 @@ async fn write_until(
             continue;
         }
         let now = Instant::now();
-        let removed = i.is_multiple_of(10) && c.remove(&key, true).await.is_ok();
+        let removed = i.is_multiple_of(10) && remove_surely(&c, &key).await;
         let earlier = {
             let mut w = written.lock().unwrap();
             w.acked_at.push(now);
@@ -372,6 +383,22 @@ async fn write_until(
             if let Ok(got) = c.get(&key).await {
                 assert!(got == value, "{key}: other bytes than were put");
             }
+        }
+    }
+}
+
+/// Removes `key`, retrying a removal whose outcome is unknown (a failover broke the call) until
+/// the master says it is gone.
+async fn remove_surely(c: &StoreClient, key: &str) -> bool {
+    let deadline = Instant::now() + WAIT;
+    loop {
+        match c.remove(key, true).await {
+            Ok(()) => return true,
+            Err(e) if e.code() == ErrorCode::OBJECT_NOT_FOUND => return true,
+            Err(_) if Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
+            Err(e) => panic!("{key}: removal still failing after {WAIT:?}: {e}"),
         }
     }
 }

@@ -13,6 +13,7 @@
 
 pub mod auth;
 pub mod blocking;
+pub mod leader;
 pub mod master_client;
 pub mod standalone;
 pub mod store;

@@ -15,8 +15,12 @@ use mooncake_common::{
 use mooncake_proto::methods::{self as m, Method};
 use mooncake_proto::{decode, encode, CodecError, Reply};
 use mooncake_rpc::{ClientConfig, RpcClient, RpcError};
+use parking_lot::RwLock;
 use std::net::SocketAddr;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::Arc;
+
+use crate::leader::EtcdLeader;
 use thiserror::Error;
 
 /// Why a master call failed.
@@ -63,18 +67,63 @@ macro_rules! call_by_mode {
     };
 }
 
-/// A typed client of the master: one address, or the masters of a high-availability group
-/// of which one leads (docs/ha.md, "Clients").
+async fn call_at<M: Method>(rpc: &RpcClient, body: &[u8]) -> Result<M::Output, MasterError> {
+    let answer = rpc.call(M::ID, body).await?;
+    let reply: Reply<M> = decode(&answer)?;
+    reply.map_err(MasterError::Master)
+}
+
+/// The socket address of a leader key's value.
+fn leader_addr(address: &str) -> Result<SocketAddr, MasterError> {
+    use std::net::ToSocketAddrs;
+    address
+        .to_socket_addrs()
+        .ok()
+        .and_then(|mut a| a.next())
+        .ok_or_else(|| {
+            tracing::warn!("the leader key names {address:?}, which is not an address");
+            MasterError::Master(ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS)
+        })
+}
+
+/// A typed client of the master: one address, the masters of a high-availability group of
+/// which one leads, or the leader etcd names (docs/ha.md, "Clients").
 ///
 /// With several masters, calls go to the one that answered last. A call that a master refused
 /// with `UNAVAILABLE_IN_CURRENT_STATUS` (a standby, or a leader that stepped down: it applied
 /// nothing) or that could not connect is sent to the next master at once, each master once at
 /// most. A call whose connection broke or timed out after it was sent is not resent (it may
-/// have been applied): it fails, and the next call starts at the next master.
+/// have been applied): it fails, and the next call starts at the next master. Following etcd,
+/// such a failure reads the leader key again and switches to a leader with a higher view
+/// (never a lower one); a call that was not applied is then sent to it once.
 #[derive(Debug)]
 pub struct MasterClient {
-    masters: Vec<RpcClient>,
+    masters: RwLock<Arc<Vec<RpcClient>>>,
     current: AtomicUsize,
+    config: ClientConfig,
+    discovery: Option<Discovery>,
+}
+
+/// The leader key this client follows and the highest view it saw.
+#[derive(Debug)]
+struct Discovery {
+    etcd: EtcdLeader,
+    view: AtomicU64,
+    reading: tokio::sync::Mutex<()>,
+}
+
+/// The master refused the call or could not be reached before the call was sent: nothing was
+/// applied.
+fn not_applied(error: &MasterError) -> bool {
+    error.code() == ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
+        || matches!(error, MasterError::Rpc(RpcError::Connect { .. }))
+}
+
+/// The call may have failed because this master is not (or no longer) the leader.
+fn moved(error: &MasterError) -> bool {
+    not_applied(error)
+        || error.code() == ErrorCode::RPC_FAIL
+        || error.code() == ErrorCode::RPC_TIMEOUT
 }
 
 impl MasterClient {
@@ -86,43 +135,109 @@ impl MasterClient {
     /// A client of a group of masters, one of which leads (at least one address).
     pub fn with_masters(addrs: &[SocketAddr], config: ClientConfig) -> Self {
         MasterClient {
-            masters: addrs
-                .iter()
-                .map(|&a| RpcClient::new(a, config.clone()))
-                .collect(),
+            masters: RwLock::new(Arc::new(
+                addrs
+                    .iter()
+                    .map(|&a| RpcClient::new(a, config.clone()))
+                    .collect(),
+            )),
             current: AtomicUsize::new(0),
+            config,
+            discovery: None,
         }
     }
 
-    fn rpc(&self) -> &RpcClient {
-        let i = self.current.load(Ordering::Relaxed) % self.masters.len();
-        &self.masters[i]
+    /// A client of the leader `etcd` names now, following it to every later leader. Fails
+    /// with `UNAVAILABLE_IN_CURRENT_STATUS` when no master leads.
+    pub async fn following(etcd: EtcdLeader, config: ClientConfig) -> Result<Self, MasterError> {
+        let view = etcd.read().await.map_err(|why| {
+            tracing::warn!("{why}");
+            MasterError::Master(ErrorCode::ETCD_OPERATION_ERROR)
+        })?;
+        let view = view.ok_or(MasterError::Master(
+            ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
+        ))?;
+        let addr = leader_addr(&view.address)?;
+        let mut client = Self::with_masters(&[addr], config);
+        client.discovery = Some(Discovery {
+            etcd,
+            view: AtomicU64::new(view.version),
+            reading: tokio::sync::Mutex::new(()),
+        });
+        Ok(client)
+    }
+
+    fn list(&self) -> Arc<Vec<RpcClient>> {
+        self.masters.read().clone()
     }
 
     /// The address of the master calls go to now.
     pub fn addr(&self) -> SocketAddr {
-        self.rpc().addr()
+        let list = self.list();
+        list[self.current.load(Ordering::Relaxed) % list.len()].addr()
     }
 
     /// How often a caller read its own answer from the socket (see `RpcClient::caller_reads`).
     pub fn caller_reads(&self) -> u64 {
-        self.masters.iter().map(RpcClient::caller_reads).sum()
+        self.list().iter().map(RpcClient::caller_reads).sum()
     }
 
     /// How calls to the current master waited for their answers (see `RpcClient::poll_stats`).
     pub fn poll_stats(&self) -> mooncake_rpc::PollStats {
-        self.rpc().poll_stats()
+        let list = self.list();
+        list[self.current.load(Ordering::Relaxed) % list.len()].poll_stats()
     }
 
     /// Sends any master request and returns its output.
     pub async fn call<M: Method>(&self, request: &M) -> Result<M::Output, MasterError> {
         let body = encode(request)?;
-        let n = self.masters.len();
+        let list = self.list();
+        let result = self.call_listed::<M>(&list, &body).await;
+        let (Some(d), Err(error)) = (&self.discovery, &result) else {
+            return result;
+        };
+        if moved(error) && self.follow(d, &list).await && not_applied(error) {
+            return self.call_listed::<M>(&self.list(), &body).await;
+        }
+        result
+    }
+
+    /// Reads the leader key again; switches to a leader with a higher view. Returns whether
+    /// calls now go elsewhere than `failed`.
+    async fn follow(&self, d: &Discovery, failed: &Arc<Vec<RpcClient>>) -> bool {
+        let _one_reader = d.reading.lock().await;
+        if !Arc::ptr_eq(failed, &self.list()) {
+            return true; // another call switched already
+        }
+        let view = match d.etcd.read().await {
+            Ok(Some(view)) if view.version > d.view.load(Ordering::Relaxed) => view,
+            Ok(_) => return false,
+            Err(why) => {
+                tracing::warn!("{why}");
+                return false;
+            }
+        };
+        let Ok(addr) = leader_addr(&view.address) else {
+            return false;
+        };
+        tracing::info!(leader = %addr, view = view.version, "following the new leader");
+        *self.masters.write() = Arc::new(vec![RpcClient::new(addr, self.config.clone())]);
+        self.current.store(0, Ordering::Relaxed);
+        d.view.store(view.version, Ordering::Relaxed);
+        true
+    }
+
+    async fn call_listed<M: Method>(
+        &self,
+        list: &[RpcClient],
+        body: &[u8],
+    ) -> Result<M::Output, MasterError> {
+        let n = list.len();
         let first = self.current.load(Ordering::Relaxed) % n;
         let mut i = 0;
         loop {
             let at = (first + i) % n;
-            let result = self.call_at::<M>(at, &body).await;
+            let result = call_at::<M>(&list[at], body).await;
             let Err(error) = &result else {
                 return result;
             };
@@ -134,28 +249,17 @@ impl MasterClient {
                 .current
                 .compare_exchange(at, next, Ordering::Relaxed, Ordering::Relaxed);
             i += 1;
-            let not_applied = error.code() == ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS
-                || matches!(error, MasterError::Rpc(RpcError::Connect { .. }));
-            let moved = not_applied
-                || error.code() == ErrorCode::RPC_FAIL
-                || error.code() == ErrorCode::RPC_TIMEOUT;
-            if !moved {
+            if !moved(error) {
                 // The master answered: it is the right one.
                 let _ =
                     self.current
                         .compare_exchange(next, at, Ordering::Relaxed, Ordering::Relaxed);
                 return result;
             }
-            if !not_applied || i == n {
+            if !not_applied(error) || i == n {
                 return result;
             }
         }
-    }
-
-    async fn call_at<M: Method>(&self, at: usize, body: &[u8]) -> Result<M::Output, MasterError> {
-        let answer = self.masters[at].call(M::ID, body).await?;
-        let reply: Reply<M> = decode(&answer)?;
-        reply.map_err(MasterError::Master)
     }
 
     pub async fn service_ready(&self) -> Result<String, MasterError> {

@@ -16,7 +16,8 @@
 //! * **Reads spread.** In enforce mode a read answer with two or more memory replicas lists them
 //!   in rotating order (one master-wide counter), and clients read the first replica among those
 //!   equally close to them: readers of a replicated key alternate between its replicas. Each
-//!   answer counts one read led by its first replica's endpoint (`/metrics`).
+//!   answer counts one read led by its first replica's endpoint (`/metrics`), under the
+//!   [`HotKeys`] mutex.
 //! * **Extras go first.** When eviction runs (the background cycle or a put that found no
 //!   space), every registered extra replica whose object is idle (no lease, no read pin, no
 //!   write or task in flight) and still holds another memory replica is dropped before any whole
@@ -313,8 +314,18 @@ impl MasterService {
         }
     }
 
-    /// Queues a copy of the hot `key` to one more segment and registers it as an extra.
+    /// Queues a copy of the hot `key` to one more segment and registers it as an extra, unless
+    /// the copy queued for it before is still pending or running.
     fn replicate_hot_key(&self, key: &str, tenant: &str) {
+        let earlier = self
+            .hot_keys
+            .lock()
+            .extras
+            .get(&(tenant.to_string(), key.to_string()))
+            .map(|e| e.task);
+        if earlier.is_some_and(|task| self.task_running(task)) {
+            return;
+        }
         let queued = self.holders(key, tenant).and_then(|holders| {
             if holders.busy {
                 return None;
@@ -346,6 +357,12 @@ impl MasterService {
             hot.extras
                 .insert((tenant.to_string(), key.to_string()), extra);
         }
+    }
+
+    /// Whether task `id` is still PENDING or PROCESSING.
+    fn task_running(&self, id: TaskId) -> bool {
+        self.query_task(id)
+            .is_ok_and(|t| matches!(t.status, TaskStatus::Pending | TaskStatus::Processing))
     }
 
     /// The memory replicas of `key` (None when it is missing).
@@ -399,10 +416,7 @@ impl MasterService {
         let mut freed = 0;
         let mut forget = Vec::new();
         for ((tenant, key), extra) in extras {
-            let running = self
-                .query_task(extra.task)
-                .is_ok_and(|t| matches!(t.status, TaskStatus::Pending | TaskStatus::Processing));
-            if running {
+            if self.task_running(extra.task) {
                 continue;
             }
             match self.drop_extra(&tenant, &key, &extra.segment) {

@@ -161,3 +161,21 @@ fn eviction_drops_extra_replicas_before_any_object() {
     assert_eq!(s.extras, 0);
     assert_accounting(&m);
 }
+
+#[test]
+fn a_key_hot_again_while_its_copy_is_queued_gets_no_second_task() {
+    let (clock, m) = master_with(config(DynamicReplicationMode::Enforce));
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.mount_segment(&seg(2, "b", 1 << 20), C2).unwrap();
+    put_on(&m, "hot", 100, "a");
+    for _ in 0..HOT_READS {
+        read(&m, "hot");
+    }
+    // Past the cooldown and into a new window, hot again before the node fetched the task.
+    clock.advance(30_000);
+    for _ in 0..HOT_READS {
+        read(&m, "hot");
+    }
+    assert_eq!(m.hot_key_stats().tasks_queued, 1);
+    run_copy_task(&m, "hot");
+}

@@ -15,6 +15,8 @@ pub mod batch;
 pub mod election;
 #[cfg(feature = "etcd")]
 pub mod etcd;
+#[cfg(feature = "etcd")]
+pub mod follow;
 mod replay;
 mod sink;
 #[cfg(feature = "etcd")]

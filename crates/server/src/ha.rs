@@ -21,7 +21,9 @@ use parking_lot::Mutex;
 use tokio::sync::watch;
 
 use crate::config::OpLogSettings;
-use crate::oplog::{connect_log, FollowError, LogFollower, OpLogHandle, OpLogSlot};
+use mooncake_oplog::follow::{FollowError, LogFollower};
+
+use crate::oplog::{connect_log, OpLogHandle, OpLogSlot};
 
 /// How often a standby reads the log and the leader key.
 const STANDBY_POLL: Duration = Duration::from_millis(200);

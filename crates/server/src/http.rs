@@ -389,11 +389,11 @@ pub(crate) fn escape_label(value: &str) -> String {
 }
 
 async fn summary(State(state): State<AdminState>) -> Response {
-    text(format!("{}\n", summary_text(&state.master)))
+    text(format!("{}\n", summary_text(&state.master, &state.ha)))
 }
 
 /// The `/metrics/summary` line (also logged every 10 s with `--enable_metric_reporting`).
-pub fn summary_text(master: &MasterService) -> String {
+pub fn summary_text(master: &MasterService, ha: &crate::ha::HaStatus) -> String {
     let usage = master.segment_usage();
     let allocated: u64 = usage.iter().filter_map(|u| u.used_bytes).sum();
     let capacity = master.total_capacity_bytes();
@@ -403,7 +403,10 @@ pub fn summary_text(master: &MasterService) -> String {
         allocated as f64 * 100.0 / capacity as f64
     };
     format!(
-        "role=leader, state=serving, service_ready=true, master={{Mem Storage: {} / {} ({percent:.1}%) | Keys: {} | Segments: {}}}",
+        "role={}, state={}, service_ready={}, master={{Mem Storage: {} / {} ({percent:.1}%) | Keys: {} | Segments: {}}}",
+        ha.role(),
+        ha.state_name(),
+        ha.serving(),
         format_size(allocated),
         format_size(capacity),
         master.object_count(),

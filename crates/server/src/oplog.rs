@@ -18,8 +18,9 @@ use std::time::Duration;
 use mooncake_common::ErrorCode;
 use mooncake_master::{MasterService, MasterServiceConfig, MasterState};
 use mooncake_oplog::election::Fence;
-use mooncake_oplog::etcd::{oplog_root, EtcdError, EtcdLog, Prefix};
-use mooncake_oplog::{AckError, OpLogSink, OpLogWriter, Replayer, WriterConfig, WriterHealth};
+use mooncake_oplog::etcd::{oplog_root, EtcdLog, Prefix};
+use mooncake_oplog::follow::LogFollower;
+use mooncake_oplog::{AckError, OpLogSink, OpLogWriter, WriterConfig, WriterHealth};
 use mooncake_proto::methods::{self as m, Method};
 use parking_lot::Mutex;
 
@@ -27,8 +28,6 @@ use crate::config::{OpLogAck, OpLogSettings};
 
 /// Deadline of one etcd call of the writer and of the start.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
-/// Batches read per etcd call.
-const READ_BATCHES: i64 = 256;
 
 /// When a mutating call's reply waits for durability.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -100,117 +99,6 @@ pub async fn connect_log(settings: &OpLogSettings) -> Result<EtcdLog, String> {
     )
     .await
     .map_err(|e| format!("cannot reach etcd at {:?}: {e}", settings.endpoints))
-}
-
-/// Why a follower of the log stopped.
-#[derive(Debug)]
-pub enum FollowError {
-    /// etcd did not answer: try again later.
-    Unavailable(String),
-    /// The log cannot be followed (a gap, a bad batch, a prefix that went back): replay halted.
-    Halted(String),
-}
-
-impl std::fmt::Display for FollowError {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        match self {
-            FollowError::Unavailable(why) => write!(f, "etcd unavailable: {why}"),
-            FollowError::Halted(why) => write!(f, "op-log replay halted: {why}"),
-        }
-    }
-}
-
-impl From<EtcdError> for FollowError {
-    fn from(e: EtcdError) -> Self {
-        match e {
-            EtcdError::Unavailable(why) => FollowError::Unavailable(why),
-            other => FollowError::Halted(other.to_string()),
-        }
-    }
-}
-
-/// Applies the durable log to a master, batch after batch, as far as the prefix reaches (the
-/// start from the log, a hot standby). Once it has halted it stays halted.
-#[derive(Debug)]
-pub struct LogFollower<'a> {
-    replayer: Replayer<'a>,
-    batch_id: u64,
-    halted: Option<String>,
-}
-
-impl<'a> LogFollower<'a> {
-    /// A follower of an empty log into `master`.
-    pub fn new(master: &'a MasterService) -> Self {
-        LogFollower {
-            replayer: Replayer::new(master, 0),
-            batch_id: 0,
-            halted: None,
-        }
-    }
-
-    pub fn applied_seq(&self) -> u64 {
-        self.replayer.applied_seq()
-    }
-
-    /// Reads the prefix and applies every batch up to it; returns the prefix reached.
-    pub async fn catch_up(&mut self, log: &EtcdLog) -> Result<Option<Prefix>, FollowError> {
-        if let Some(why) = &self.halted {
-            return Err(FollowError::Halted(why.clone()));
-        }
-        match self.step(log).await {
-            Err(FollowError::Halted(why)) => {
-                self.halted = Some(why.clone());
-                Err(FollowError::Halted(why))
-            }
-            other => other,
-        }
-    }
-
-    async fn step(&mut self, log: &EtcdLog) -> Result<Option<Prefix>, FollowError> {
-        let halt = |why: String| Err(FollowError::Halted(why));
-        let Some(prefix) = log.read_prefix().await? else {
-            if self.batch_id > 0 {
-                return halt(format!(
-                    "the prefix disappeared after batch {}",
-                    self.batch_id
-                ));
-            }
-            return Ok(None);
-        };
-        if prefix.batch_id < self.batch_id {
-            return halt(format!(
-                "the prefix went back to batch {} after batch {} was applied",
-                prefix.batch_id, self.batch_id
-            ));
-        }
-        while self.batch_id < prefix.batch_id {
-            let batches = log.read_batches(self.batch_id, READ_BATCHES).await?;
-            if batches.is_empty() {
-                return halt(format!("op-log batch {} is missing", self.batch_id + 1));
-            }
-            for (id, bytes) in batches.into_iter().filter(|(id, _)| *id <= prefix.batch_id) {
-                if id != self.batch_id + 1 {
-                    return halt(format!(
-                        "op-log batch {} is missing (found {id})",
-                        self.batch_id + 1
-                    ));
-                }
-                if let Err(e) = self.replayer.apply_bytes(&bytes) {
-                    return halt(format!("op-log batch {id}: {e}"));
-                }
-                self.batch_id = id;
-            }
-        }
-        if self.replayer.applied_seq() != prefix.last_seq {
-            return halt(format!(
-                "op-log ends at batch {} sequence {} but its prefix says sequence {}",
-                self.batch_id,
-                self.replayer.applied_seq(),
-                prefix.last_seq
-            ));
-        }
-        Ok(Some(prefix))
-    }
 }
 
 /// Reads the whole log and folds it into a state, on a scratch master with `config`.

@@ -270,7 +270,7 @@ impl RunningMaster {
             tasks.spawn(supervise(ctx, stop_rx.clone()));
         }
         if config.enable_metric_reporting {
-            spawn_metric_reporter(&mut tasks, &master, stop_rx);
+            spawn_metric_reporter(&mut tasks, &master, &ha, stop_rx);
         }
 
         let periodic = match (&snapshotter, resolved.snapshot.periodic) {
@@ -519,9 +519,11 @@ fn spawn_background_workers(
 fn spawn_metric_reporter(
     tasks: &mut JoinSet<()>,
     master: &Arc<MasterService>,
+    ha: &Arc<HaStatus>,
     stop_rx: watch::Receiver<bool>,
 ) {
     let master = master.clone();
+    let ha = ha.clone();
     let mut stop = stop_rx;
     tasks.spawn(async move {
         let mut ticker = tokio::time::interval(METRIC_REPORT_PERIOD);
@@ -532,7 +534,10 @@ fn spawn_metric_reporter(
                 _ = ticker.tick() => {}
                 _ = stop.changed() => return,
             }
-            tracing::info!("Master Metrics: {}", crate::http::summary_text(&master));
+            tracing::info!(
+                "Master Metrics: {}",
+                crate::http::summary_text(&master, &ha)
+            );
         }
     });
 }

@@ -84,8 +84,9 @@ pub enum PutOutcome {
 /// Settings of a store client.
 #[derive(Debug, Clone)]
 pub struct StoreConfig {
-    /// The master's RPC address (`host:port`), or the addresses of a high-availability
-    /// group's masters separated by `,` (calls follow the leader: `MasterClient`).
+    /// The master's RPC address (`host:port`), the addresses of a high-availability group's
+    /// masters separated by `,`, or `etcd://h1:2379,h2:2379`: the leader etcd names for
+    /// `MC_STORE_CLUSTER_ID` (calls follow the leader: `MasterClient`, docs/ha.md).
     pub master_addr: String,
     /// Host (or `host:port`) peers use to reach this client's transfer server.
     pub local_hostname: String,
@@ -226,6 +227,21 @@ pub struct StoreClient {
     heartbeat: Arc<Mutex<Option<tokio::task::JoinHandle<()>>>>,
 }
 
+/// Where the master is (`StoreConfig::master_addr`).
+enum Masters {
+    /// One address, or the masters of a high-availability group.
+    Listed(Vec<SocketAddr>),
+    /// The leader etcd names.
+    Etcd(crate::leader::EtcdLeader),
+}
+
+fn masters_of(addr: &str, timeout: std::time::Duration) -> Result<Masters, StoreError> {
+    match crate::leader::EtcdLeader::from_address(addr, timeout) {
+        Some(etcd) => Ok(Masters::Etcd(etcd.map_err(StoreError::InvalidParams)?)),
+        None => resolve_masters(addr).map(Masters::Listed),
+    }
+}
+
 /// The master addresses of `addrs`: one address, or several separated by `,` (the masters of
 /// a high-availability group).
 fn resolve_masters(addrs: &str) -> Result<Vec<SocketAddr>, StoreError> {
@@ -359,7 +375,7 @@ impl StoreClient {
                 config.global_segment_size
             )));
         }
-        let master_addrs = resolve_masters(&config.master_addr)?;
+        let masters = masters_of(&config.master_addr, config.rpc.connect_timeout)?;
         let bind = transfer_bind(&config.local_hostname)?;
         let auth_token = match &config.auth_token {
             Some(token) => Some(token.clone()),
@@ -378,7 +394,10 @@ impl StoreClient {
         let engine = start_engine(transfer, &bind, config.auto_port_range.as_ref())?;
         let mut rpc = config.rpc.clone();
         rpc.auth_token = auth_token;
-        let master = MasterClient::with_masters(&master_addrs, rpc.clone());
+        let master = match masters {
+            Masters::Listed(addrs) => MasterClient::with_masters(&addrs, rpc.clone()),
+            Masters::Etcd(etcd) => MasterClient::following(etcd, rpc.clone()).await?,
+        };
         master.service_ready().await?;
         let disk = match &config.disk {
             Some(disk) => Some(Arc::new(DiskTier::open(disk.clone(), &engine)?)),
