@@ -222,7 +222,7 @@ pub async fn supervise(ctx: HaContext, mut stop: watch::Receiver<bool>) {
         Ok(held) => lead(&ctx, &election, held, &mut stop).await,
         Err((held, why)) => {
             tracing::error!("HA: promotion failed: {why}; this master steps down");
-            ctx.status.set_state(HaState::SteppedDown);
+            step_down(&ctx).await;
             election.release(held).await;
         }
     }
@@ -420,12 +420,23 @@ async fn lead(
             break "its lease ran out before it was renewed".to_string();
         }
     };
-    ctx.status.set_state(HaState::SteppedDown);
+    step_down(ctx).await;
     tracing::error!(
         view = held.view.version,
         "HA: this master stepped down: {why}; it serves nothing more (restart it to rejoin as a standby)"
     );
     election.release(held).await;
+}
+
+/// Stops serving and stops the op-log writer for good: nothing this master observes from now
+/// on (its background sweeps still run, on a state no longer the cluster's: a client it stops
+/// hearing from expires) may reach the log, even while its leader key still exists in etcd
+/// (an etcd that was down and came back restores the key's lease for a full TTL).
+async fn step_down(ctx: &HaContext) {
+    ctx.status.set_state(HaState::SteppedDown);
+    if let Some(h) = ctx.oplog.get().cloned() {
+        let _ = tokio::task::spawn_blocking(move || h.fence()).await;
+    }
 }
 
 /// Waits for the leader's last entries to be durable before the key is given up.

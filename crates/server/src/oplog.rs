@@ -207,6 +207,15 @@ impl OpLogHandle {
         })
     }
 
+    /// Stops the writer (a batch it could not commit yet is dropped) and fences the sink:
+    /// nothing observed from now on is queued, and every wait for durability fails.
+    pub fn fence(&self) {
+        if let Some(w) = self.writer.lock().take() {
+            w.stop();
+        }
+        self.sink.set_health(WriterHealth::Fenced);
+    }
+
     /// Waits (at most `timeout`) until everything observed is durable, then stops the writer.
     pub fn stop(&self, timeout: Duration) {
         let target = self.sink.assigned_seq();
