@@ -74,15 +74,16 @@ class Master:
                 self.proc.wait(5)
 
 
-def with_store(args, local_buffer, workload):
-    """Starts a master (`args.master_cmd` with `args.extra`), sets up one store with a segment of
-    `args.segment`, runs `workload(store)`, scrapes the master's eviction counters and stops
-    both. Returns (the workload's result, the counters), the result None when setup failed."""
-    master = Master(shlex.split(args.master_cmd), args.extra)
+def with_store(args, local_buffer, workload, extra=(), **setup_kwargs):
+    """Starts a master (`args.master_cmd` with `args.extra` and `extra`), sets up one store with
+    a segment of `args.segment` (and `setup_kwargs`), runs `workload(store)`, scrapes the
+    master's eviction counters and stops both. Returns (the workload's result, the counters),
+    the result None when setup failed."""
+    master = Master(shlex.split(args.master_cmd), list(args.extra) + list(extra))
     store = MooncakeDistributedStore()
     try:
         rc = store.setup("127.0.0.1", "P2PHANDSHAKE", args.segment, local_buffer, "tcp", "",
-                         master.addr)
+                         master.addr, **setup_kwargs)
         if rc != 0:
             print("setup failed: %d" % rc, file=sys.stderr)
             return None, {}

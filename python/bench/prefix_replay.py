@@ -9,7 +9,15 @@ holding as many blocks as the store's segment, with the same rule. Default maste
 the ports are set).
 
     python python/bench/prefix_replay.py [--turns 6000] [--segment 128MB] [--block 64KB]
-        [--sessions 400] [--zipf 1.0] [--lookup get|exist] [-- extra master flags]
+        [--sessions 400] [--zipf 1.0] [--lookup get|exist] [--tiered eager|on-evict]
+        [-- extra master flags]
+
+`--tiered MODE` runs the replay twice against fresh masters: memory only, with a segment of 1/8
+of the working set (the distinct blocks of the replay), then the same segment plus a disk tier
+(`setup(enable_ssd_offload=True)`, the master with `--enable_offload`, `MODE` on-evict adding
+`--offload_on_evict`) holding the other 7/8 (`MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES`; its
+directory is a fresh temporary one). It prints both hit rates, the tiered store's against an
+ideal LRU of memory + disk blocks, and against the memory-only store.
 
 `--lookup exist` asks `batch_is_exist` first, as SGLang and LMCache do (each hit is held until
 the next lookup; upstream holds it for the whole 10 s lease). Needs the mooncake_rs package
@@ -18,9 +26,11 @@ the next lookup; upstream holds it for the whole 10 s lease). Needs the mooncake
 
 import argparse
 import bisect
+import os
 import random
 import shlex
 import sys
+import tempfile
 import time
 from collections import OrderedDict
 
@@ -115,35 +125,71 @@ def main():
     ap.add_argument("--block", default="64KB")
     ap.add_argument("--seed", type=int, default=1)
     ap.add_argument("--lookup", choices=["get", "exist"], default="get")
+    ap.add_argument("--tiered", choices=["eager", "on-evict"],
+                    help="memory = 1/8 of the working set, disk = the rest; compare with memory only")
     ap.add_argument("--master-cmd", default="%s -m mooncake_rs.master" % shlex.quote(sys.executable))
     ap.add_argument("extra", nargs="*", help="extra master flags (after --)")
     args = ap.parse_args()
     block = size_of(args.block)
-    segment = size_of(args.segment)
     prompts = list(turns(args))
+    if args.tiered:
+        return tiered(args, prompts, block)
+    out = replay(args, prompts, block)
+    return 0 if out is not None else 1
+
+
+def replay(args, prompts, block, extra=(), disk_blocks=0, **setup_kwargs):
+    """One replay against a fresh master; prints its figures and returns the store's hit rate
+    (None when setup failed). The ideal LRU holds the segment's blocks plus `disk_blocks`."""
+    segment = size_of(args.segment)
 
     def workload(store):
         start = time.perf_counter()
         out = store_replay(store, prompts, block, args.lookup)
         return out + (time.perf_counter() - start,)
 
-    result, metrics = with_store(args, "256MB", workload)
+    result, metrics = with_store(args, "256MB", workload, extra, **setup_kwargs)
     if result is None:
-        return 1
+        return None
     hits, total, failed, lat, wall = result
 
-    lru_hits, lru_total = lru_replay(prompts, segment // block)
+    capacity = segment // block + disk_blocks
+    lru_hits, lru_total = lru_replay(prompts, capacity)
     lat.sort()
     ours = hits / max(total, 1)
     ideal = lru_hits / max(lru_total, 1)
     print("turns %d (%d blocks of %d KiB looked up) in %.1f s (%.0f turns/s), lookup %s"
           % (len(prompts), total, block >> 10, wall, len(prompts) / wall, args.lookup))
     print("prefix hit: store %.4f, ideal LRU of %d blocks %.4f, ratio %.3f"
-          % (ours, segment // block, ideal, ours / ideal if ideal else float("nan")))
+          % (ours, capacity, ideal, ours / ideal if ideal else float("nan")))
     print("failed puts %d; turn latency ms p50 %.2f p99 %.2f"
           % (failed, 1000 * percentile(lat, 50), 1000 * percentile(lat, 99)))
     for name in ("master_evicted_key_count", "master_put_start_inline_evictions_total"):
         print("%s %d" % (name, metrics.get(name, -1)))
+    return ours
+
+
+def tiered(args, prompts, block):
+    """Memory only (1/8 of the working set), then memory + disk (the other 7/8)."""
+    working = len({key for prompt in prompts for key in prompt})
+    memory_blocks = max(working // 8, 1)
+    disk_blocks = working - memory_blocks
+    args.segment = str(memory_blocks * block)
+    print("working set %d blocks of %d KiB: memory %d blocks, disk %d blocks, offload %s"
+          % (working, block >> 10, memory_blocks, disk_blocks, args.tiered))
+    print("-- memory only")
+    alone = replay(args, prompts, block)
+    print("-- memory + disk")
+    flags = ["--enable_offload=true"]
+    if args.tiered == "on-evict":
+        flags.append("--offload_on_evict=true")
+    os.environ["MOONCAKE_OFFLOAD_TOTAL_SIZE_LIMIT_BYTES"] = str(disk_blocks * block)
+    with tempfile.TemporaryDirectory(prefix="prefix-replay-disk-") as disk:
+        both = replay(args, prompts, block, flags, disk_blocks, enable_ssd_offload=True,
+                      ssd_offload_path=disk)
+    if alone is None or both is None:
+        return 1
+    print("tiered / memory only: %.2f" % (both / alone if alone else float("nan")))
     return 0
 
 

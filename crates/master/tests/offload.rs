@@ -1,7 +1,9 @@
 //! The master's side of the local disk tier (`offload.rs`): eager offload tasks pin their source
 //! replica until the node answers; every task ends in one answer; a stored answer adds a
 //! LOCAL_DISK replica and eviction then drops only the memory replica; a refused answer only
-//! unpins; no disk replica for an unmounted node; a node's expiry takes its disk replicas.
+//! unpins; no disk replica for an unmounted node; a node's expiry takes its disk replicas; every
+//! removal path tells the node to drop the record, an advertisement of a removed key is refused
+//! until the node reports it deleted, and a newer offload of the key cancels the drop.
 #![allow(clippy::unwrap_used)]
 
 mod common;
@@ -165,5 +167,113 @@ fn disk_replicas_follow_their_node() {
         m.get_replica_list("early", "").err(),
         Some(ErrorCode::OBJECT_NOT_FOUND)
     );
+    assert_accounting(&m);
+}
+
+fn disk_object(tenant: &str, key: &str) -> DiskObject {
+    DiskObject {
+        tenant: tenant.to_string(),
+        key: key.to_string(),
+        size: 1000,
+    }
+}
+
+/// Offloads every queued task of C1 as stored.
+fn store_all(m: &mooncake_master::MasterService) {
+    let tasks = m.offload_heartbeat(C1, 100, 0).unwrap();
+    let outcomes: Vec<OffloadOutcome> = tasks.iter().map(|t| outcome(&t.key, true)).collect();
+    assert!(m.notify_offload(C1, &outcomes).iter().all(Result::is_ok));
+}
+
+#[test]
+fn a_removed_object_is_dropped_from_its_disk_and_never_advertised_back() {
+    let (_, m) = offload_master();
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.mount_local_disk(C1, "h:1", 1 << 30, 0).unwrap();
+    for k in ["k1", "k2"] {
+        put(&m, C2, k, 1000, 1);
+    }
+    store_all(&m);
+    assert_eq!(m.remove("k1", true, ""), Ok(()));
+    // The node is told to delete the record, once.
+    let drop = DiskObject {
+        size: 0,
+        ..disk_object("", "k1")
+    };
+    assert_eq!(m.take_disk_drops(C1, 10), Ok(vec![drop]));
+    assert_eq!(m.take_disk_drops(C1, 10), Ok(vec![]));
+    assert_eq!(m.take_disk_drops(C2, 10), Err(ErrorCode::SEGMENT_NOT_FOUND));
+    // Until the node reports it deleted, an advertisement of it is refused (a node restarted
+    // before it ran the drop); other objects are taken. The node names the default tenant
+    // "default", as its records do.
+    let refused = m
+        .advertise_disk_objects(
+            C1,
+            &[disk_object("default", "k1"), disk_object("default", "k2")],
+        )
+        .unwrap();
+    assert_eq!(refused, vec![Err(ErrorCode::OBJECT_NOT_FOUND), Ok(())]);
+    assert!(kinds(&m, "k1").is_empty(), "k1 came back");
+    m.disk_objects_dropped(&[disk_object("default", "k1")]);
+    assert_eq!(m.offload_stats().disk_dropped, 1);
+    // Once deleted, the key is no longer remembered: a later record of it is a new object.
+    let again = m
+        .advertise_disk_objects(C1, &[disk_object("", "k1")])
+        .unwrap();
+    assert_eq!(again, vec![Ok(())]);
+    assert_eq!(kinds(&m, "k1"), vec![ReplicaType::LOCAL_DISK]);
+    assert_accounting(&m);
+}
+
+#[test]
+fn a_new_offload_of_a_removed_key_cancels_its_drop_and_forgets_the_removal() {
+    let (_, m) = offload_master();
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.mount_local_disk(C1, "h:1", 1 << 30, 0).unwrap();
+    put(&m, C2, "k", 1000, 1);
+    store_all(&m);
+    assert_eq!(m.remove("k", true, ""), Ok(()));
+    // Put again before the node took the drop: the new record replaces the old one, so the
+    // drop (which would delete the new record) is cancelled.
+    put(&m, C2, "k", 1000, 1);
+    assert_eq!(m.take_disk_drops(C1, 10), Ok(vec![]));
+    store_all(&m);
+    // The newer value is on disk: its advertisement is taken.
+    let taken = m
+        .advertise_disk_objects(C1, &[disk_object("", "k")])
+        .unwrap();
+    assert_eq!(taken, vec![Ok(())]);
+    assert_eq!(
+        kinds(&m, "k"),
+        vec![ReplicaType::MEMORY, ReplicaType::LOCAL_DISK]
+    );
+    assert_accounting(&m);
+}
+
+#[test]
+fn every_removal_path_drops_disk_records() {
+    let (_, m) = offload_master();
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.mount_local_disk(C1, "h:1", 1 << 30, 0).unwrap();
+    for k in ["a1", "a2", "b1", "c1"] {
+        put(&m, C2, k, 1000, 1);
+    }
+    store_all(&m);
+    let dropped = |m: &mooncake_master::MasterService| -> Vec<String> {
+        let mut keys: Vec<String> = m
+            .take_disk_drops(C1, 10)
+            .unwrap()
+            .into_iter()
+            .map(|o| o.key)
+            .collect();
+        keys.sort();
+        keys
+    };
+    assert_eq!(m.batch_remove(&["c1".to_string()], true, ""), vec![Ok(())]);
+    assert_eq!(dropped(&m), ["c1"]);
+    assert_eq!(m.remove_by_regex("^a", true, ""), Ok(2));
+    assert_eq!(dropped(&m), ["a1", "a2"]);
+    assert_eq!(m.remove_all(true, ""), 1);
+    assert_eq!(dropped(&m), ["b1"]);
     assert_accounting(&m);
 }
