@@ -104,6 +104,7 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             transport: args.transport,
             auth_token,
             disk,
+            task_poll_interval: Some(mooncake_client::NODE_TASK_POLL),
             ..StoreConfig::default()
         };
         let client = StoreClient::connect(config)

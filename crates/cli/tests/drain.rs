@@ -299,11 +299,28 @@ fn drain_job_errors_and_the_drain_verb() {
     let q = |path: &str| http("GET", master.metrics, path, b"").0;
     assert_eq!(q("/api/v1/drain_jobs/query?job_id=x"), 400);
     assert_eq!(q("/api/v1/drain_jobs/query?job_id=1-2"), 404);
-    // Cancel puts the segment back to OK.
+    // Cancel puts the segment back to OK. B holds objects and is stopped, so its moves stay
+    // queued and the job is still running when the cancel comes (an empty source would be
+    // drained at creation).
+    runtime().block_on(async {
+        let c = client(master.rpc).await;
+        let on_b = ReplicateConfig {
+            preferred_segments: vec![b.name.clone()],
+            ..ReplicateConfig::default()
+        };
+        for i in 0..3 {
+            c.put(&format!("on-b/{i}"), &value_of(i, 1000), &on_b)
+                .await
+                .unwrap();
+        }
+        c.close().await.unwrap();
+    });
+    b.signal(libc::SIGSTOP);
     let (_, text) = post(&format!(r#"{{"segments": ["{}"]}}"#, b.name));
     let id = json(&text)["job_id"].as_str().unwrap().to_string();
     let cancel = format!("/api/v1/drain_jobs/cancel?job_id={id}");
     let (status, text) = http("POST", master.metrics, &cancel, b"");
+    b.signal(libc::SIGCONT);
     assert_eq!(status, 200, "{text}");
     assert_eq!(json(&text)["status"], "CANCELED");
     let (_, text) = http(

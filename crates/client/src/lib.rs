@@ -27,5 +27,5 @@ pub use mooncake_transfer::memory::Mapping as HostMemory;
 pub use mooncake_transfer::TransportMode;
 pub use store::{
     Access, DiskConfig, DiskStats, DiskTier, DrainReport, PutOutcome, RangeRead, RangeWrite,
-    StoreClient, StoreConfig, StoreError, VerifyReport,
+    StoreClient, StoreConfig, StoreError, VerifyReport, NODE_TASK_POLL,
 };

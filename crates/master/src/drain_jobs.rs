@@ -1,9 +1,9 @@
 //! Drain jobs (upstream's `/api/v1/drain_jobs`; also methods 82–85): take whole segments out of
 //! service without losing objects. Creating a job checks its segments (mounted, OK, distinct)
-//! and targets (mounted, OK, not a source) and turns the sources DRAINING at once (no new
-//! allocations; reads go on). The job step ([`MasterService::run_drain_jobs_once`], every
-//! 200 ms in the server) then plans each source with `drain.rs` (one move task per object,
-//! run by the source's owner) and follows the tasks. When none is active it counts what is
+//! and targets (mounted, OK, not a source), turns the sources DRAINING at once (no new
+//! allocations; reads go on) and takes the job's first step. The job step
+//! ([`MasterService::run_drain_jobs_once`], every 50 ms in the server) plans each source with
+//! `drain.rs` (one move task per object, run by the source's owner) and follows the tasks. When none is active it counts what is
 //! left on the sources: nothing → the sources become DRAINED and the job SUCCEEDED; something
 //! (objects written meanwhile, tasks that failed after their retries) → planned again, at most
 //! [`MAX_PASSES`] passes; after that, or when a pass can plan nothing, the job is FAILED with
@@ -123,6 +123,11 @@ impl MasterService {
             },
         );
         jobs.order.push_back(id);
+        // The first pass is planned now, not at the next job step: its moves can start as soon
+        // as the sources' owners ask for their tasks.
+        if let Some(job) = jobs.jobs.get_mut(&id) {
+            self.step_job(job);
+        }
         jobs.prune();
         Ok(id)
     }

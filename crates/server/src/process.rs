@@ -145,7 +145,7 @@ const CLIENT_MONITOR_PERIOD: Duration = Duration::from_secs(1);
 /// Task pruning and timeouts (upstream: 30 s, together with soft-pin expiry).
 const TASK_CLEANUP_PERIOD: Duration = Duration::from_secs(1);
 /// Drain jobs follow their tasks and plan again this often.
-const DRAIN_JOB_PERIOD: Duration = Duration::from_millis(200);
+const DRAIN_JOB_PERIOD: Duration = Duration::from_millis(50);
 /// Upstream's period of the `--enable_metric_reporting` log line.
 const METRIC_REPORT_PERIOD: Duration = Duration::from_secs(10);
 

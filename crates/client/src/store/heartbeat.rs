@@ -199,16 +199,44 @@ async fn heartbeat_once(inner: &Inner) -> Result<ClientStatus, StoreError> {
     Ok(response.client_status)
 }
 
-/// Pings every `period` until the client is dropped or closed; warns once per run of failures.
-pub(super) async fn heartbeat_loop(inner: std::sync::Weak<Inner>, period: Duration) {
+/// Pings every `heartbeat_interval` until the client is dropped or closed; warns once per run
+/// of failures. A client with a segment starts its task runner after each successful ping, and
+/// every `task_poll_interval` in between when one is set (while the master counts it alive).
+pub(super) async fn heartbeat_loop(weak: std::sync::Weak<Inner>) {
+    let Some((period, task_period)) = weak.upgrade().map(|inner| {
+        let config = &inner.config;
+        (config.heartbeat_interval, config.task_poll_interval)
+    }) else {
+        return;
+    };
     let mut ticker = tokio::time::interval(period);
     ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    let mut task_ticker = task_period.map(|p| {
+        let mut t = tokio::time::interval(p);
+        t.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        t
+    });
     let mut reported = false;
     loop {
-        ticker.tick().await;
-        let Some(inner) = inner.upgrade() else { return };
+        let ping = match &mut task_ticker {
+            Some(tasks) => tokio::select! {
+                _ = ticker.tick() => true,
+                _ = tasks.tick() => false,
+            },
+            None => {
+                ticker.tick().await;
+                true
+            }
+        };
+        let Some(inner) = weak.upgrade() else { return };
         if inner.closed.load(Ordering::Acquire) {
             return;
+        }
+        if !ping {
+            if !reported && inner.was_ok.load(Ordering::Acquire) {
+                super::tasks::spawn_runner(&inner);
+            }
+            continue;
         }
         pins::release_finished(&inner).await;
         match heartbeat_once(&inner).await {

@@ -52,7 +52,7 @@ pub use error::StoreError;
 pub use mooncake_transfer::local_host_id;
 pub use mooncake_transfer::memory::Access;
 pub use ranges::{RangeRead, RangeWrite};
-pub use tasks::TASK_BATCH;
+pub use tasks::{NODE_TASK_POLL, TASK_BATCH};
 pub use verify::VerifyReport;
 
 use mooncake_common::{AuthToken, ClientId, Segment};
@@ -108,6 +108,11 @@ pub struct StoreConfig {
     pub verify_checksums: bool,
     /// Ping period (upstream: 1 s).
     pub heartbeat_interval: Duration,
+    /// How often a client with a segment asks the master for the copy and move tasks queued
+    /// for it (`tasks.rs`). `None` (the default, as upstream's clients): after each heartbeat.
+    /// Store nodes ask every 100 ms ([`NODE_TASK_POLL`]), so a drain job or a copy starts
+    /// within that instead of up to a heartbeat later.
+    pub task_poll_interval: Option<Duration>,
     /// Ports the transfer server tries, in random order, when `local_hostname` names none
     /// (upstream's client range 12300–14300); `None` lets the kernel pick any free port.
     pub auto_port_range: Option<RangeInclusive<u16>>,
@@ -137,6 +142,7 @@ impl Default for StoreConfig {
             tenant: String::new(),
             verify_checksums: true,
             heartbeat_interval: Duration::from_secs(1),
+            task_poll_interval: None,
             auto_port_range: Some(AUTO_PORT_MIN..=AUTO_PORT_MAX),
             rpc: ClientConfig::default(),
             transfer: TransferConfig::default(),
@@ -442,8 +448,7 @@ impl StoreClient {
             *client.inner.disk_server.lock() = Some(server);
         }
         let weak = Arc::downgrade(&client.inner);
-        let period = client.inner.config.heartbeat_interval;
-        *client.heartbeat.lock() = Some(tokio::spawn(heartbeat::heartbeat_loop(weak, period)));
+        *client.heartbeat.lock() = Some(tokio::spawn(heartbeat::heartbeat_loop(weak)));
         Ok(client)
     }
 

@@ -1,6 +1,6 @@
 //! Copy and move tasks the master queues for this client (it owns their source segment), as
-//! upstream's clients: each heartbeat of a client with a segment starts a runner (one at a
-//! time) that fetches up to [`TASK_BATCH`] tasks with FetchTasks, runs them concurrently and
+//! upstream's clients: each heartbeat of a client with a segment (and, for store nodes, every
+//! [`NODE_TASK_POLL`] in between) starts a runner (one at a time) that fetches up to [`TASK_BATCH`] tasks with FetchTasks, runs them concurrently and
 //! fetches again until the queue is empty.
 //!
 //! A copy is CopyStart (the master pins the source and allocates PROCESSING targets), the
@@ -12,17 +12,26 @@
 //! failed task again up to its `max_retry_attempts`).
 
 use mooncake_common::{
-    QueryTaskResponse, ReplicaDescriptor, ReplicaKind, TaskAssignment, TaskCompleteRequest, TaskId,
-    TaskStatus, TaskType,
+    MemoryDescriptor, QueryTaskResponse, ReplicaDescriptor, ReplicaKind, TaskAssignment,
+    TaskCompleteRequest, TaskId, TaskStatus, TaskType,
 };
 use mooncake_proto::methods as m;
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
+use mooncake_transfer::MemoryHandle;
+
+use super::addressing::split_address;
 use super::{Inner, StoreClient, StoreError};
 
 /// Tasks fetched (and run concurrently) at a time.
 pub const TASK_BATCH: u64 = 16;
+
+/// How often `mooncake store` nodes ask for their tasks (`StoreConfig::task_poll_interval`):
+/// a drain job's moves then start within this instead of up to a heartbeat (1 s) later, which
+/// was most of a 512 MiB drain's time. One small FetchTasks call per node every 100 ms costs
+/// the master nothing; library clients (one per engine rank) keep the heartbeat's cadence.
+pub const NODE_TASK_POLL: std::time::Duration = std::time::Duration::from_millis(100);
 
 impl StoreClient {
     /// CreateCopyTask: queues a copy of `key` (this client's tenant) to the `targets` segments,
@@ -201,20 +210,62 @@ impl StoreClient {
         if targets.is_empty() || len == 0 {
             return Ok(());
         }
-        let mut bytes = vec![0u8; len];
-        // A memory source: no key is needed to read it.
-        let plan = [(0usize, bytes.as_mut_ptr() as usize, len, source.clone(), "")];
-        self.read_planned(&plan)
-            .await
-            .remove(&0)
-            .unwrap_or(Err(StoreError::NoReadableReplica { key: String::new() }))?;
-        match self.write_replicas(targets, &[&bytes], len as u64).await {
+        // A source in this client's own segment is written from where it lies (the master
+        // pinned it for the task); any other is read into a private buffer first.
+        let own = self.own_segment_bytes(memory, len);
+        let mut private = Vec::new();
+        let bytes: &[u8] = match &own {
+            Some((segment, offset)) => {
+                // SAFETY: `own_segment_bytes` checked that `[offset, offset + len)` lies inside
+                // the mapping `segment` keeps alive; the master pinned the source replica until
+                // this task's End or Revoke, so nothing is written into it meanwhile.
+                unsafe { std::slice::from_raw_parts(segment.as_ptr().add(*offset), len) }
+            }
+            None => {
+                private.reserve_exact(len);
+                // A memory source: no key is needed to read it.
+                let plan = [(
+                    0usize,
+                    private.as_mut_ptr() as usize,
+                    len,
+                    source.clone(),
+                    "",
+                )];
+                self.read_planned(&plan)
+                    .await
+                    .remove(&0)
+                    .unwrap_or(Err(StoreError::NoReadableReplica { key: String::new() }))?;
+                // SAFETY: the read succeeded, so the engine wrote all `len` bytes.
+                unsafe { private.set_len(len) };
+                &private
+            }
+        };
+        match self.write_replicas(targets, &[bytes], len as u64).await {
             Ok(_) => Ok(()),
             Err(failure) => {
                 self.report_peers(&failure.peers).await;
                 Err(failure.error)
             }
         }
+    }
+
+    /// The segment of this client that holds `memory`'s `len` bytes, and their offset in it, when
+    /// the replica lies in this process.
+    fn own_segment_bytes(
+        &self,
+        memory: &MemoryDescriptor,
+        len: usize,
+    ) -> Option<(MemoryHandle, usize)> {
+        let endpoint = self.endpoint_of(&memory.transport_endpoint).ok()?;
+        if endpoint.instance_id() != self.inner.engine.endpoint().instance_id() {
+            return None;
+        }
+        let (region, offset) = split_address(memory.buffer_address);
+        let segments = self.inner.segments.lock();
+        let segment = segments.iter().find(|s| s.memory.id() == region)?;
+        let end = offset.checked_add(len as u64)?;
+        (end <= segment.memory.len_bytes() as u64)
+            .then(|| (segment.memory.clone(), offset as usize))
     }
 }
 
