@@ -74,27 +74,47 @@ impl StoreClient {
     /// Fetches this client's queued tasks and runs them until the master has none left for it
     /// (or the client closes). Returns how many tasks ran. The heartbeat calls this on its own;
     /// call it to run queued work now (a shutdown that drains its segment does).
+    ///
+    /// Up to [`TASK_BATCH`] run at once, as a window: once half of them are done the runner asks
+    /// for as many more, so one slow move does not hold up the next batch of a drain.
     pub async fn run_queued_tasks(&self) -> Result<usize, StoreError> {
         let inner = &self.inner;
+        let window = TASK_BATCH as usize;
         let mut ran = 0;
-        while !inner.closed.load(Ordering::Acquire) {
-            let fetch = m::FetchTasks {
-                client: inner.client_id,
-                batch_size: TASK_BATCH,
-            };
-            let tasks = inner.master.call(&fetch).await?;
-            if tasks.is_empty() {
+        let mut running = tokio::task::JoinSet::new();
+        let mut master_has_more = true;
+        let mut failure = None;
+        loop {
+            let room = window - running.len();
+            if master_has_more && room >= window / 2 && !inner.closed.load(Ordering::Acquire) {
+                let fetch = m::FetchTasks {
+                    client: inner.client_id,
+                    batch_size: room as u64,
+                };
+                match inner.master.call(&fetch).await {
+                    Ok(tasks) => {
+                        master_has_more = !tasks.is_empty();
+                        ran += tasks.len();
+                        for task in tasks {
+                            let client = self.clone();
+                            running.spawn(async move { client.run_task(&task).await });
+                        }
+                    }
+                    // The tasks already running finish (and report) first.
+                    Err(error) => {
+                        master_has_more = false;
+                        failure = Some(error);
+                    }
+                }
+            }
+            if running.join_next().await.is_none() {
                 break;
             }
-            ran += tasks.len();
-            let mut running = tokio::task::JoinSet::new();
-            for task in tasks {
-                let client = self.clone();
-                running.spawn(async move { client.run_task(&task).await });
-            }
-            while running.join_next().await.is_some() {}
         }
-        Ok(ran)
+        match failure {
+            Some(error) => Err(error.into()),
+            None => Ok(ran),
+        }
     }
 
     /// Runs one task and reports its outcome to the master.
