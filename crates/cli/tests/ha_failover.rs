@@ -27,7 +27,12 @@ use mooncake_transfer::TransportMode;
 const WAIT: Duration = Duration::from_secs(90);
 
 fn start_master(etcd: &EtcdServer, cluster: &str, log: &Path) -> MasterProcess {
-    let endpoints = format!("--etcd_endpoints={}", etcd.endpoint());
+    start_master_on(&etcd.endpoint(), cluster, log)
+}
+
+/// A master of `cluster` on the etcd members `endpoints` (comma-separated).
+fn start_master_on(endpoints: &str, cluster: &str, log: &Path) -> MasterProcess {
+    let endpoints = format!("--etcd_endpoints={endpoints}");
     let cluster = format!("--cluster_id={cluster}");
     MasterProcess::spawn(MasterOptions {
         extra: &["--enable_ha", &endpoints, &cluster],
@@ -534,5 +539,80 @@ fn an_etcd_outage_loses_nothing_acknowledged_and_service_resumes_by_itself() {
     wait_for(first.metrics, "/ha_status", "stepped_down");
     etcd.restart();
     wait_for(second.metrics, "/role", "leader");
+    rt.block_on(check_after_failover(&c, &kept, &removed));
+}
+
+/// With a three-member etcd, killing one member stops neither the leader's writes nor a later
+/// failover: puts keep being acknowledged, and after the leader is SIGKILLed the standby takes
+/// over with everything acknowledged.
+#[test]
+fn a_three_member_etcd_that_loses_a_member_keeps_writes_and_failover_working() {
+    let tmp = tempfile::tempdir().unwrap();
+    let mut members = EtcdServer::start_cluster(3);
+    let endpoints = members
+        .iter()
+        .map(EtcdServer::endpoint)
+        .collect::<Vec<_>>()
+        .join(",");
+    let mut masters = [
+        Some(start_master_on(
+            &endpoints,
+            "ha-3",
+            &tmp.path().join("m1.log"),
+        )),
+        None,
+    ];
+    let first = masters[0].as_ref().unwrap().metrics;
+    wait_for(first, "/role", "leader");
+    masters[1] = Some(start_master_on(
+        &endpoints,
+        "ha-3",
+        &tmp.path().join("m2.log"),
+    ));
+    let second = masters[1].as_ref().unwrap().metrics;
+    wait_for(second, "/ha_status", "standby");
+    let list = masters
+        .iter()
+        .map(|m| m.as_ref().unwrap().rpc.to_string())
+        .collect::<Vec<_>>()
+        .join(",");
+    let _node = StoreNode::start(&list, "64MiB", &["--transport", "tcp"]);
+    let rt = runtime();
+    let c = rt.block_on(client(&list));
+    let (mut kept, removed) = rt.block_on(write_some(&c, "t"));
+
+    members[0].kill();
+    let deadline = Instant::now() + WAIT;
+    let mut i = 0u64;
+    while kept.len() < 34 {
+        assert!(
+            Instant::now() < deadline,
+            "no puts acknowledged after a member died"
+        );
+        let (key, value) = (format!("after-member{i}"), pattern(4096, 500 + i));
+        i += 1;
+        if rt
+            .block_on(c.put(&key, &value, &ReplicateConfig::default()))
+            .is_ok()
+        {
+            kept.push((key, value));
+        }
+    }
+
+    let deadline = Instant::now() + WAIT;
+    let leader = loop {
+        let found = [first, second]
+            .iter()
+            .position(|&m| get(m, "/role") == "leader");
+        if let Some(i) = found {
+            break i;
+        }
+        assert!(Instant::now() < deadline, "no leader");
+        std::thread::sleep(Duration::from_millis(100));
+    };
+    let mut dead = masters[leader].take().unwrap();
+    signal(&dead.child, libc::SIGKILL);
+    wait_exit(&mut dead.child, Duration::from_secs(10)).expect("SIGKILL exit");
+    wait_for([first, second][1 - leader], "/role", "leader");
     rt.block_on(check_after_failover(&c, &kept, &removed));
 }

@@ -16,6 +16,8 @@ use crate::etcd::EtcdError;
 
 /// The election lease's time to live (upstream's 5 s).
 pub const LEASE_TTL: Duration = Duration::from_secs(5);
+/// Tries of one renewal while etcd does not answer.
+pub const RENEW_ATTEMPTS: u32 = 4;
 
 /// The leader key of cluster `cluster_id` (upstream's layout).
 pub fn view_key(cluster_id: &str) -> String {
@@ -197,8 +199,20 @@ impl Election {
         }
     }
 
-    /// Extends the lease once and checks that the key is still this view's.
+    /// Extends the lease and checks that the key is still this view's. A call that etcd did
+    /// not answer is tried again at once, up to [`RENEW_ATTEMPTS`] times: the client spreads
+    /// calls over the members, and one member being down must not cost the lease.
     pub async fn renew(&self, held: &mut Leadership) -> Result<Renewal, EtcdError> {
+        let mut attempt = 1;
+        loop {
+            match self.renew_once(held).await {
+                Err(EtcdError::Unavailable(_)) if attempt < RENEW_ATTEMPTS => attempt += 1,
+                other => return other,
+            }
+        }
+    }
+
+    async fn renew_once(&self, held: &mut Leadership) -> Result<Renewal, EtcdError> {
         let sent = Instant::now();
         let ttl = match self.keep_alive_once(held).await {
             Ok(ttl) => ttl,
