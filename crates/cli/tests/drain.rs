@@ -6,8 +6,9 @@
 
 mod common;
 
+use common::cluster::{client, runtime};
 use common::{http, pattern, verb_ok, MasterProcess, StoreNode};
-use mooncake_client::{StoreClient, StoreConfig};
+use mooncake_client::StoreClient;
 use mooncake_common::ReplicateConfig;
 use mooncake_proto::methods as m;
 use std::net::SocketAddr;
@@ -15,24 +16,6 @@ use std::process::Stdio;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn client(master: SocketAddr) -> StoreClient {
-    StoreClient::connect(StoreConfig {
-        master_addr: master.to_string(),
-        global_segment_size: 0,
-        ..StoreConfig::default()
-    })
-    .await
-    .unwrap()
-}
 
 fn value_of(i: usize, len: usize) -> Vec<u8> {
     pattern(len, i as u64 + 1)

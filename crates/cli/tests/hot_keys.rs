@@ -7,10 +7,8 @@
 
 mod common;
 
+use common::cluster::{client, holders, on, runtime};
 use common::{http, pattern, MasterProcess, StoreNode};
-use mooncake_client::{StoreClient, StoreConfig};
-use mooncake_common::{ReplicaKind, ReplicateConfig};
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
 
 /// A window of 60 s at 0.5 reads/s: the 30th read within the window makes a key hot.
@@ -18,47 +16,6 @@ const HEAT_FLAGS: [&str; 2] = [
     "--dynamic_replication_heat_window_seconds=60",
     "--dynamic_replication_admission_qps_threshold=0.5",
 ];
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn client(master: SocketAddr) -> StoreClient {
-    StoreClient::connect(StoreConfig {
-        master_addr: master.to_string(),
-        global_segment_size: 0,
-        ..StoreConfig::default()
-    })
-    .await
-    .unwrap()
-}
-
-fn on(node: &StoreNode) -> ReplicateConfig {
-    ReplicateConfig {
-        preferred_segments: vec![node.name.clone()],
-        ..ReplicateConfig::default()
-    }
-}
-
-/// The endpoints of `key`'s memory replicas, sorted.
-async fn holders(c: &StoreClient, key: &str) -> Vec<String> {
-    let mut v: Vec<String> = c
-        .get_replica_desc(key)
-        .await
-        .unwrap()
-        .iter()
-        .filter_map(|r| match &r.kind {
-            ReplicaKind::Memory(mem) => Some(mem.transport_endpoint.to_string()),
-            _ => None,
-        })
-        .collect();
-    v.sort();
-    v
-}
 
 fn metrics(master: &MasterProcess) -> String {
     let (status, body) = http("GET", master.metrics, "/metrics", b"");

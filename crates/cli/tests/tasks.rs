@@ -4,53 +4,11 @@
 
 mod common;
 
+use common::cluster::{client, holders, on, runtime};
 use common::{pattern, verb, verb_ok, MasterProcess, StoreNode};
-use mooncake_client::{StoreClient, StoreConfig};
-use mooncake_common::{ReplicaKind, ReplicateConfig};
+use mooncake_client::StoreClient;
 use mooncake_proto::methods as m;
-use std::net::SocketAddr;
 use std::time::{Duration, Instant};
-
-fn runtime() -> tokio::runtime::Runtime {
-    tokio::runtime::Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .unwrap()
-}
-
-async fn client(master: SocketAddr) -> StoreClient {
-    StoreClient::connect(StoreConfig {
-        master_addr: master.to_string(),
-        global_segment_size: 0,
-        ..StoreConfig::default()
-    })
-    .await
-    .unwrap()
-}
-
-fn on(node: &StoreNode) -> ReplicateConfig {
-    ReplicateConfig {
-        preferred_segments: vec![node.name.clone()],
-        ..ReplicateConfig::default()
-    }
-}
-
-/// The endpoints of `key`'s memory replicas, sorted.
-async fn holders(c: &StoreClient, key: &str) -> Vec<String> {
-    let mut v: Vec<String> = c
-        .get_replica_desc(key)
-        .await
-        .unwrap()
-        .iter()
-        .filter_map(|r| match &r.kind {
-            ReplicaKind::Memory(mem) => Some(mem.transport_endpoint.to_string()),
-            _ => None,
-        })
-        .collect();
-    v.sort();
-    v
-}
 
 async fn used_bytes(c: &StoreClient, name: &str) -> u64 {
     let segments = c.master().call(&m::GetSegmentsDetail {}).await.unwrap();

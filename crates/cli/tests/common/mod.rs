@@ -1,6 +1,8 @@
 //! Helpers for tests that start the real `mooncake` binary on 127.0.0.1 with free ports.
 #![allow(dead_code, clippy::unwrap_used)]
 
+pub mod cluster;
+
 use std::io::{BufRead, BufReader, Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, ExitStatus, Output, Stdio};
