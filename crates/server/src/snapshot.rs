@@ -20,7 +20,8 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::{OpLogSettings, SnapshotSettings};
 use crate::metrics::{counter, gauge, Histogram, SnapshotDurationBuckets};
-use crate::oplog::{connect_log, OpLogSlot};
+use crate::oplog::{connect_log, OpLogHandle, OpLogSlot};
+use mooncake_oplog::WriterHealth;
 use mooncake_master::MasterServiceConfig;
 use mooncake_oplog::checkpoint::checkpoint;
 
@@ -232,6 +233,15 @@ pub struct LogSnapshots {
     pub config: MasterServiceConfig,
 }
 
+impl LogSnapshots {
+    /// This master's op-log while it writes it (not fenced).
+    fn writer(&self) -> Option<&Arc<OpLogHandle>> {
+        self.slot
+            .get()
+            .filter(|h| h.sink().health() != WriterHealth::Fenced)
+    }
+}
+
 /// Writes snapshots of one master into one directory.
 #[derive(Debug)]
 pub struct Snapshotter {
@@ -278,10 +288,10 @@ impl Snapshotter {
         self
     }
 
-    /// False on a master with the op-log that does not write it (a standby): the periodic
-    /// thread passes.
+    /// False on a master with the op-log that does not write it (a standby, a leader that
+    /// stepped down): the periodic thread passes.
     pub fn may_take(&self) -> bool {
-        self.of_log.as_ref().is_none_or(|l| l.slot.get().is_some())
+        self.of_log.as_ref().is_none_or(|l| l.writer().is_some())
     }
 
     /// The directory snapshots go to.
@@ -326,10 +336,10 @@ impl Snapshotter {
     /// A snapshot of the log and the compaction after it, on a thread of its own with its own
     /// runtime (callers may be on the RPC runtime or on none).
     fn take_of_log(&self, of_log: &LogSnapshots, why: &str) -> Result<TakeReport, SnapshotError> {
-        let handle = of_log.slot.get().ok_or_else(|| {
+        let handle = of_log.writer().ok_or_else(|| {
             SnapshotError::OpLog(
-                "this master does not write the op-log (a standby): the leader takes the \
-                 snapshots"
+                "this master does not write the op-log (a standby, or a leader that stepped \
+                 down): the leader takes the snapshots"
                     .into(),
             )
         })?;
