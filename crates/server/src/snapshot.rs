@@ -21,9 +21,9 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use crate::config::{OpLogSettings, SnapshotSettings};
 use crate::metrics::{counter, gauge, Histogram, SnapshotDurationBuckets};
 use crate::oplog::{connect_log, OpLogHandle, OpLogSlot};
-use mooncake_oplog::WriterHealth;
 use mooncake_master::MasterServiceConfig;
 use mooncake_oplog::checkpoint::checkpoint;
+use mooncake_oplog::WriterHealth;
 
 /// For tests only: milliseconds every snapshot pauses after each chunk it writes, so that a test
 /// can act while a take is in progress (kill the process, outlast a call's deadline).
@@ -251,6 +251,9 @@ pub struct Snapshotter {
     options: EncodeOptions,
     metrics: Arc<SnapshotMetrics>,
     of_log: Option<LogSnapshots>,
+    /// One snapshot of the log at a time: a second one's follower could otherwise find batches
+    /// the first one's compaction deleted while it read.
+    log_takes: parking_lot::Mutex<()>,
 }
 
 impl Snapshotter {
@@ -277,6 +280,7 @@ impl Snapshotter {
             options,
             metrics,
             of_log: None,
+            log_takes: parking_lot::Mutex::new(()),
         })
     }
 
@@ -343,6 +347,7 @@ impl Snapshotter {
                     .into(),
             )
         })?;
+        let _one_at_a_time = self.log_takes.lock();
         let fence = handle.view_fence().cloned();
         let run = || {
             let runtime = tokio::runtime::Builder::new_current_thread()
