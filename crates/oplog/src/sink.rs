@@ -69,9 +69,14 @@ pub struct OpLogSink {
     assigned: AtomicU64,
     /// The last sequence number known durable.
     durable: AtomicU64,
+    /// The highest sequence number that was given when the master freed space: every removal
+    /// whose space may have been handed out again is at or below it.
+    freed: AtomicU64,
     health: AtomicU8,
     durable_lock: Mutex<()>,
     durable_changed: Condvar,
+    /// Wakes the asynchronous waits ([`OpLogSink::durable`]) when `durable` or `health` change.
+    durable_notify: tokio::sync::Notify,
 }
 
 impl OpLogSink {
@@ -85,9 +90,11 @@ impl OpLogSink {
             has_entries: Condvar::new(),
             assigned: AtomicU64::new(last_durable_seq),
             durable: AtomicU64::new(last_durable_seq),
+            freed: AtomicU64::new(0),
             health: AtomicU8::new(0),
             durable_lock: Mutex::new(()),
             durable_changed: Condvar::new(),
+            durable_notify: tokio::sync::Notify::new(),
         }
     }
 
@@ -99,6 +106,12 @@ impl OpLogSink {
     /// The last sequence number known durable.
     pub fn durable_seq(&self) -> u64 {
         self.durable.load(Ordering::Acquire)
+    }
+
+    /// Everything a removal whose space could be handed out now needs durable: the sequence
+    /// number given when space was last freed (docs/oplog.md, "When a reply waits").
+    pub fn freed_seq(&self) -> u64 {
+        self.freed.load(Ordering::Acquire)
     }
 
     pub fn health(&self) -> WriterHealth {
@@ -125,15 +138,49 @@ impl OpLogSink {
         if h == WriterHealth::Fenced {
             self.queue.lock().entries.clear();
         }
-        let _g = self.durable_lock.lock();
-        self.durable_changed.notify_all();
+        self.wake_waiters();
     }
 
     /// Set by the writer once every entry up to `seq` is durable.
     pub fn mark_durable(&self, seq: u64) {
         self.durable.fetch_max(seq, Ordering::AcqRel);
-        let _g = self.durable_lock.lock();
-        self.durable_changed.notify_all();
+        self.wake_waiters();
+    }
+
+    fn wake_waiters(&self) {
+        {
+            let _g = self.durable_lock.lock();
+            self.durable_changed.notify_all();
+        }
+        self.durable_notify.notify_waiters();
+    }
+
+    /// Whether the wait for `seq` is over: `Some(Ok)` durable, `Some(Err)` never will be.
+    fn wait_over(&self, seq: u64) -> Option<Result<(), AckError>> {
+        if self.durable_seq() >= seq {
+            Some(Ok(()))
+        } else if self.health() == WriterHealth::Fenced {
+            Some(Err(AckError::Fenced))
+        } else {
+            None
+        }
+    }
+
+    /// [`OpLogSink::wait_durable`] without blocking a thread, for replies the RPC server holds
+    /// back (needs a tokio runtime with time).
+    pub async fn durable(&self, seq: u64, timeout: Duration) -> Result<(), AckError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        loop {
+            let changed = self.durable_notify.notified();
+            let mut changed = std::pin::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(done) = self.wait_over(seq) {
+                return done;
+            }
+            if tokio::time::timeout_at(deadline, changed).await.is_err() {
+                return self.wait_over(seq).unwrap_or(Err(AckError::Unavailable));
+            }
+        }
     }
 
     /// Waits until `seq` is durable, at most `timeout`. While the writer is retrying, an
@@ -142,11 +189,8 @@ impl OpLogSink {
         let deadline = Instant::now() + timeout;
         let mut g = self.durable_lock.lock();
         loop {
-            if self.durable_seq() >= seq {
-                return Ok(());
-            }
-            if self.health() == WriterHealth::Fenced {
-                return Err(AckError::Fenced);
+            if let Some(done) = self.wait_over(seq) {
+                return done;
             }
             if self
                 .durable_changed
@@ -193,6 +237,12 @@ impl OpLogSink {
 }
 
 impl MutationObserver for OpLogSink {
+    /// Space was freed: the removal that freed it was observed before (the master emits before
+    /// it frees), so it is at or below the last sequence number given.
+    fn space_freed(&self) {
+        self.freed.fetch_max(self.assigned_seq(), Ordering::AcqRel);
+    }
+
     fn observe(&self, mutation: &Mutation) {
         let mut body = Vec::with_capacity(96);
         encode_mutation(&mut body, mutation);

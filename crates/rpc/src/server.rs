@@ -5,6 +5,14 @@
 //! and flushes it once, so a pipelined burst costs one `write` syscall. Shutdown is a watch
 //! channel every task selects on.
 //!
+//! **Deferred answers.** A handler may hold an answer back until something outside it happened
+//! ([`Handler::handle_deferred`] returns a [`Deferred`]: the master's reply waits until its
+//! change is durable in the op-log). The connection keeps reading and serving the requests
+//! behind it; answers still go out in request order, so an answer that is ready waits behind an
+//! earlier held one. At most [`MAX_HELD_ANSWERS`] answers wait per connection: past that the
+//! connection stops reading until the oldest is sent. A connection that ends drops the answers
+//! still held (the peer sees the connection close, as after a crash).
+//!
 //! What a peer can make the server hold is bounded (docs/security.md):
 //! - **Connections.** At most `max_connections`, at most `max_connections_per_address` from one
 //!   IP address. A connection over either limit first pushes out a connection that never sent a
@@ -30,8 +38,11 @@ use bytes::BytesMut;
 use mooncake_common::{AuthToken, ErrorCode};
 use mooncake_proto::methods::{Authenticate, Method};
 use mooncake_proto::{encode_error, encode_header, FrameDecoder, FrameHeader, FrameKind, Reply};
+use std::collections::VecDeque;
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,11 +71,42 @@ impl HandlerError {
     }
 }
 
+/// An answer held back until its future resolves (see the module doc): `Ok(())` sends the body
+/// the handler wrote, `Err(body)` sends `body` in its place.
+pub struct Deferred(Pin<Box<dyn Future<Output = Result<(), BytesMut>> + Send + Sync>>);
+
+impl Deferred {
+    pub fn new(ready: impl Future<Output = Result<(), BytesMut>> + Send + Sync + 'static) -> Self {
+        Deferred(Box::pin(ready))
+    }
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deferred")
+    }
+}
+
 /// Serves requests. Called on the connection's task: it must not block for long.
 pub trait Handler: Send + Sync + 'static {
     /// Handles one request of `method` with `body`; appends the response body to `out`.
     fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError>;
+
+    /// [`Handler::handle`], whose answer may be held back until a [`Deferred`] resolves. The
+    /// server calls this one; by default it never defers.
+    fn handle_deferred(
+        &self,
+        method: u16,
+        body: &[u8],
+        out: &mut BytesMut,
+    ) -> Result<Option<Deferred>, HandlerError> {
+        self.handle(method, body, out).map(|()| None)
+    }
 }
+
+/// Most answers one connection holds back (deferred, or ready behind a deferred one) before it
+/// stops reading requests.
+pub const MAX_HELD_ANSWERS: usize = 4096;
 
 /// Default of [`ServerConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -448,6 +490,8 @@ enum End {
 /// What the wait for more bytes ended with.
 enum Wake {
     Readable(std::io::Result<()>),
+    /// The oldest held answer resolved.
+    Answered(Result<(), BytesMut>),
     Timer,
     Kicked(Kick),
     Shutdown,
@@ -475,6 +519,39 @@ struct Connection<'a, H> {
     accepted: Instant,
     /// Presented the server's token (always true when the server has none).
     authenticated: bool,
+    /// Answers not written yet because a deferred one is ahead of them (oldest first).
+    held: VecDeque<Held>,
+}
+
+/// An answer in [`Connection::held`].
+enum Held {
+    /// Whole frames, ready, behind an earlier deferred answer.
+    Ready(BytesMut),
+    /// A deferred answer: `body` goes out under `header` once `ready` resolves.
+    Waiting {
+        header: FrameHeader,
+        body: BytesMut,
+        ready: Deferred,
+    },
+}
+
+impl Held {
+    /// The frame of a resolved deferred answer: the body as written, or its replacement.
+    fn resolved(header: FrameHeader, body: BytesMut, outcome: Result<(), BytesMut>) -> Held {
+        let body = outcome.err().unwrap_or(body);
+        let mut frame = BytesMut::with_capacity(mooncake_proto::HEADER_BYTES + body.len());
+        encode_header(&mut frame, header, body.len());
+        frame.extend_from_slice(&body);
+        Held::Ready(frame)
+    }
+}
+
+/// Waits for the oldest held answer if it is deferred (forever otherwise).
+async fn oldest_resolved(held: &mut VecDeque<Held>) -> Result<(), BytesMut> {
+    match held.front_mut() {
+        Some(Held::Waiting { ready, .. }) => ready.0.as_mut().await,
+        _ => std::future::pending().await,
+    }
 }
 
 impl<'a, H: Handler> Connection<'a, H> {
@@ -493,6 +570,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             last_read: now,
             accepted: shared.admission.instant(slot.accepted_ns),
             authenticated: shared.config.auth_token.is_none(),
+            held: VecDeque::new(),
         }
     }
 
@@ -605,9 +683,43 @@ impl<'a, H: Handler> Connection<'a, H> {
         Ok(left)
     }
 
-    /// Calls the handler for one request and queues its answer; `Err` when the connection must
-    /// close (a failed authentication).
+    /// Calls the handler for one request and queues its answer (behind any held one); `Err`
+    /// when the connection must close (a failed authentication).
     fn answer(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
+        let start = self.write_buf.len();
+        let answered = self.answer_now(header, body);
+        if !self.held.is_empty() && self.write_buf.len() > start {
+            let frame = self.write_buf.split_off(start);
+            self.held.push_back(Held::Ready(frame));
+        }
+        answered
+    }
+
+    /// Moves the held answers that are ready, oldest first, to the write buffer; stops at the
+    /// first deferred one still waiting.
+    fn release_held(&mut self) {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        while let Some(front) = self.held.front_mut() {
+            if let Held::Waiting { ready, .. } = front {
+                match ready.0.as_mut().poll(&mut cx) {
+                    std::task::Poll::Pending => return,
+                    std::task::Poll::Ready(outcome) => self.resolve_oldest(outcome),
+                }
+            }
+            if let Some(Held::Ready(frame)) = self.held.pop_front() {
+                self.write_buf.extend_from_slice(&frame);
+            }
+        }
+    }
+
+    /// Turns the oldest held answer, deferred and now resolved with `outcome`, into its frame.
+    fn resolve_oldest(&mut self, outcome: Result<(), BytesMut>) {
+        if let Some(Held::Waiting { header, body, .. }) = self.held.pop_front() {
+            self.held.push_front(Held::resolved(header, body, outcome));
+        }
+    }
+
+    fn answer_now(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
         let stats = &self.shared.stats;
         stats.requests.fetch_add(1, Ordering::Relaxed);
         if header.kind != FrameKind::Request {
@@ -628,9 +740,9 @@ impl<'a, H: Handler> Connection<'a, H> {
         match self
             .shared
             .handler
-            .handle(header.method, body, &mut self.body)
+            .handle_deferred(header.method, body, &mut self.body)
         {
-            Ok(()) => {
+            Ok(deferred) => {
                 if !self.slot.identified.load(Ordering::Relaxed) {
                     self.slot.identified.store(true, Ordering::Release);
                 }
@@ -638,8 +750,17 @@ impl<'a, H: Handler> Connection<'a, H> {
                     kind: FrameKind::Response,
                     ..header
                 };
-                encode_header(&mut self.write_buf, response, self.body.len());
-                self.write_buf.extend_from_slice(&self.body);
+                match deferred {
+                    Some(ready) => self.held.push_back(Held::Waiting {
+                        header: response,
+                        body: self.body.split(),
+                        ready,
+                    }),
+                    None => {
+                        encode_header(&mut self.write_buf, response, self.body.len());
+                        self.write_buf.extend_from_slice(&self.body);
+                    }
+                }
             }
             Err(error) => {
                 stats.request_errors.fetch_add(1, Ordering::Relaxed);
@@ -697,8 +818,10 @@ impl<'a, H: Handler> Connection<'a, H> {
         Ok(())
     }
 
-    /// Writes the queued answers, within the time their length allows.
+    /// Writes the queued answers (and the held ones now ready), within the time their length
+    /// allows.
     async fn flush(&mut self) -> std::io::Result<Result<(), End>> {
+        self.release_held();
         if self.write_buf.is_empty() {
             return Ok(Ok(()));
         }
@@ -827,7 +950,8 @@ impl<'a, H: Handler> Connection<'a, H> {
         &mut self,
         shutdown: &mut watch::Receiver<bool>,
     ) -> std::io::Result<Result<(), End>> {
-        if let Some(budget) = self.config().busy_poll {
+        let busy_poll = self.config().busy_poll.filter(|_| self.held.is_empty());
+        if let Some(budget) = busy_poll {
             self.make_room();
             let stream = &self.stream;
             let read_buf = &mut self.read_buf;
@@ -857,14 +981,20 @@ impl<'a, H: Handler> Connection<'a, H> {
                 (Some((d, _)), None) => Some(d),
                 (None, r) => r,
             };
+            let may_read = self.held.len() < MAX_HELD_ANSWERS;
             let wake = tokio::select! {
-                ready = self.stream.readable() => Wake::Readable(ready),
+                ready = self.stream.readable(), if may_read => Wake::Readable(ready),
+                outcome = oldest_resolved(&mut self.held) => Wake::Answered(outcome),
                 _ = sleep_until(wake_at) => Wake::Timer,
                 kick = self.slot.kicked() => Wake::Kicked(kick),
                 _ = shutdown.changed() => Wake::Shutdown,
             };
             match wake {
                 Wake::Readable(ready) => ready?,
+                Wake::Answered(outcome) => {
+                    self.resolve_oldest(outcome);
+                    return Ok(Ok(()));
+                }
                 Wake::Timer => {
                     if let Some((at, what)) = deadline {
                         if Instant::now() >= at {
@@ -944,6 +1074,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             }
             let wake = tokio::select! {
                 ready = self.stream.readable() => Wake::Readable(ready),
+                outcome = oldest_resolved(&mut self.held) => Wake::Answered(outcome),
                 _ = tokio::time::sleep_until(deadline.into()) => Wake::Timer,
                 kick = self.slot.kicked() => Wake::Kicked(kick),
                 _ = shutdown.changed() => Wake::Shutdown,
@@ -951,6 +1082,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             match wake {
                 Wake::Readable(Ok(())) => {}
                 Wake::Readable(Err(error)) => break Err(error),
+                Wake::Answered(outcome) => self.resolve_oldest(outcome),
                 Wake::Timer => break Ok(Err(self.expired(Deadline::Frame))),
                 Wake::Kicked(kick) => break Ok(Err(self.kicked(kick))),
                 Wake::Shutdown => break Ok(Err(End::Quiet)),
