@@ -8,37 +8,15 @@
 //! **Deferred answers.** A handler may hold an answer back until something outside it happened
 //! ([`Handler::handle_deferred`] returns a [`Deferred`]: the master's reply waits until its
 //! change is durable in the op-log). The connection keeps reading and serving the requests
-//! behind it; answers still go out in request order, so an answer that is ready waits behind an
-//! earlier held one. At most [`MAX_HELD_ANSWERS`] answers wait per connection: past that the
-//! connection stops reading until the oldest is sent. A connection that ends drops the answers
-//! still held (the peer sees the connection close, as after a crash).
-//!
-//! What a peer can make the server hold is bounded (docs/security.md):
-//! - **Connections.** At most `max_connections`, at most `max_connections_per_address` from one
-//!   IP address. A connection over either limit first pushes out a connection that never sent a
-//!   valid request (see `admission.rs`); it is refused (one error frame, then closed) only when
-//!   none can go.
-//! - **Time.** A connection must complete a valid request within `handshake_timeout` of its
-//!   accept; a frame whose first bytes arrived must complete within `frame_timeout` plus its
-//!   length at `min_request_bytes_per_sec`, and so must every flush of answers; an identified
-//!   connection may stay idle (`idle_timeout`: never by default, as upstream).
-//! - **Authentication.** With a token configured, a connection's first request must be
-//!   `Authenticate` (method 47) with that token: any other request is refused from its header
-//!   (`ILLEGAL_CLIENT`, nothing buffered) and a wrong token is answered `ILLEGAL_CLIENT`; both
-//!   close the connection. Until it authenticates a connection stays unidentified.
-//! - **Memory.** A frame's header names its method, and `max_request_frame_bytes` caps each
-//!   method's frame before any of its body is buffered. Frames up to 64 KiB are read into the
-//!   connection's own buffer, which never grows past that and is freed after a second idle;
-//!   larger frames first take their length from the budget every connection shares
-//!   (`max_buffered_request_bytes`) and live in a buffer of exactly their size, freed (and, from
-//!   1 MiB, unmapped) as soon as they are answered. A connection waiting for budget does not
-//!   read (backpressure); after `shed_after` it sheds the oldest frame still holding budget.
+//! behind it; their answers go out as soon as they are ready, so a held answer may be overtaken
+//! (the client matches answers by request id). At most [`MAX_HELD_ANSWERS`] answers wait per
+//! connection: past that the connection stops reading until one is sent. A connection that
+//! ends drops the answers still held (the peer sees the connection close, as after a crash).
 
 use bytes::BytesMut;
 use mooncake_common::{AuthToken, ErrorCode};
 use mooncake_proto::methods::{Authenticate, Method};
 use mooncake_proto::{encode_error, encode_header, FrameDecoder, FrameHeader, FrameKind, Reply};
-use std::collections::VecDeque;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
@@ -490,8 +468,8 @@ enum End {
 /// What the wait for more bytes ended with.
 enum Wake {
     Readable(std::io::Result<()>),
-    /// The oldest held answer resolved.
-    Answered(Result<(), BytesMut>),
+    /// Held answers resolved: their frames.
+    Answered(Vec<BytesMut>),
     Timer,
     Kicked(Kick),
     Shutdown,
@@ -519,39 +497,49 @@ struct Connection<'a, H> {
     accepted: Instant,
     /// Presented the server's token (always true when the server has none).
     authenticated: bool,
-    /// Answers not written yet because a deferred one is ahead of them (oldest first).
-    held: VecDeque<Held>,
+    /// Deferred answers not resolved yet.
+    held: Vec<Held>,
 }
 
-/// An answer in [`Connection::held`].
-enum Held {
-    /// Whole frames, ready, behind an earlier deferred answer.
-    Ready(BytesMut),
-    /// A deferred answer: `body` goes out under `header` once `ready` resolves.
-    Waiting {
-        header: FrameHeader,
-        body: BytesMut,
-        ready: Deferred,
-    },
+/// A deferred answer in [`Connection::held`]: `body` goes out under `header` once `ready`
+/// resolves.
+struct Held {
+    header: FrameHeader,
+    body: BytesMut,
+    ready: Deferred,
 }
 
-impl Held {
-    /// The frame of a resolved deferred answer: the body as written, or its replacement.
-    fn resolved(header: FrameHeader, body: BytesMut, outcome: Result<(), BytesMut>) -> Held {
-        let body = outcome.err().unwrap_or(body);
-        let mut frame = BytesMut::with_capacity(mooncake_proto::HEADER_BYTES + body.len());
-        encode_header(&mut frame, header, body.len());
-        frame.extend_from_slice(&body);
-        Held::Ready(frame)
+/// Polls every held answer with `cx` and takes out the resolved ones as whole frames.
+fn take_resolved(held: &mut Vec<Held>, cx: &mut std::task::Context<'_>) -> Vec<BytesMut> {
+    let mut frames = Vec::new();
+    let mut i = 0;
+    while i < held.len() {
+        match held[i].ready.0.as_mut().poll(cx) {
+            std::task::Poll::Pending => i += 1,
+            std::task::Poll::Ready(outcome) => {
+                let Held { header, body, .. } = held.remove(i);
+                let body = outcome.err().unwrap_or(body);
+                let mut frame = BytesMut::with_capacity(mooncake_proto::HEADER_BYTES + body.len());
+                encode_header(&mut frame, header, body.len());
+                frame.extend_from_slice(&body);
+                frames.push(frame);
+            }
+        }
     }
+    frames
 }
 
-/// Waits for the oldest held answer if it is deferred (forever otherwise).
-async fn oldest_resolved(held: &mut VecDeque<Held>) -> Result<(), BytesMut> {
-    match held.front_mut() {
-        Some(Held::Waiting { ready, .. }) => ready.0.as_mut().await,
-        _ => std::future::pending().await,
-    }
+/// Waits until at least one held answer resolved (forever when none is held).
+async fn resolved(held: &mut Vec<Held>) -> Vec<BytesMut> {
+    std::future::poll_fn(|cx| {
+        let frames = take_resolved(held, cx);
+        if frames.is_empty() {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(frames)
+        }
+    })
+    .await
 }
 
 impl<'a, H: Handler> Connection<'a, H> {
@@ -570,7 +558,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             last_read: now,
             accepted: shared.admission.instant(slot.accepted_ns),
             authenticated: shared.config.auth_token.is_none(),
-            held: VecDeque::new(),
+            held: Vec::new(),
         }
     }
 
@@ -683,43 +671,22 @@ impl<'a, H: Handler> Connection<'a, H> {
         Ok(left)
     }
 
-    /// Calls the handler for one request and queues its answer (behind any held one); `Err`
-    /// when the connection must close (a failed authentication).
-    fn answer(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
-        let start = self.write_buf.len();
-        let answered = self.answer_now(header, body);
-        if !self.held.is_empty() && self.write_buf.len() > start {
-            let frame = self.write_buf.split_off(start);
-            self.held.push_back(Held::Ready(frame));
-        }
-        answered
-    }
-
-    /// Moves the held answers that are ready, oldest first, to the write buffer; stops at the
-    /// first deferred one still waiting.
+    /// Moves the held answers that resolved to the write buffer.
     fn release_held(&mut self) {
         let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-        while let Some(front) = self.held.front_mut() {
-            if let Held::Waiting { ready, .. } = front {
-                match ready.0.as_mut().poll(&mut cx) {
-                    std::task::Poll::Pending => return,
-                    std::task::Poll::Ready(outcome) => self.resolve_oldest(outcome),
-                }
-            }
-            if let Some(Held::Ready(frame)) = self.held.pop_front() {
-                self.write_buf.extend_from_slice(&frame);
-            }
+        let frames = take_resolved(&mut self.held, &mut cx);
+        self.write_resolved(frames);
+    }
+
+    fn write_resolved(&mut self, frames: Vec<BytesMut>) {
+        for frame in frames {
+            self.write_buf.extend_from_slice(&frame);
         }
     }
 
-    /// Turns the oldest held answer, deferred and now resolved with `outcome`, into its frame.
-    fn resolve_oldest(&mut self, outcome: Result<(), BytesMut>) {
-        if let Some(Held::Waiting { header, body, .. }) = self.held.pop_front() {
-            self.held.push_front(Held::resolved(header, body, outcome));
-        }
-    }
-
-    fn answer_now(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
+    /// Calls the handler for one request and queues its answer (or holds it, deferred); `Err`
+    /// when the connection must close (a failed authentication).
+    fn answer(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
         let stats = &self.shared.stats;
         stats.requests.fetch_add(1, Ordering::Relaxed);
         if header.kind != FrameKind::Request {
@@ -751,7 +718,7 @@ impl<'a, H: Handler> Connection<'a, H> {
                     ..header
                 };
                 match deferred {
-                    Some(ready) => self.held.push_back(Held::Waiting {
+                    Some(ready) => self.held.push(Held {
                         header: response,
                         body: self.body.split(),
                         ready,
@@ -984,15 +951,15 @@ impl<'a, H: Handler> Connection<'a, H> {
             let may_read = self.held.len() < MAX_HELD_ANSWERS;
             let wake = tokio::select! {
                 ready = self.stream.readable(), if may_read => Wake::Readable(ready),
-                outcome = oldest_resolved(&mut self.held) => Wake::Answered(outcome),
+                frames = resolved(&mut self.held) => Wake::Answered(frames),
                 _ = sleep_until(wake_at) => Wake::Timer,
                 kick = self.slot.kicked() => Wake::Kicked(kick),
                 _ = shutdown.changed() => Wake::Shutdown,
             };
             match wake {
                 Wake::Readable(ready) => ready?,
-                Wake::Answered(outcome) => {
-                    self.resolve_oldest(outcome);
+                Wake::Answered(frames) => {
+                    self.write_resolved(frames);
                     return Ok(Ok(()));
                 }
                 Wake::Timer => {
@@ -1074,7 +1041,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             }
             let wake = tokio::select! {
                 ready = self.stream.readable() => Wake::Readable(ready),
-                outcome = oldest_resolved(&mut self.held) => Wake::Answered(outcome),
+                frames = resolved(&mut self.held) => Wake::Answered(frames),
                 _ = tokio::time::sleep_until(deadline.into()) => Wake::Timer,
                 kick = self.slot.kicked() => Wake::Kicked(kick),
                 _ = shutdown.changed() => Wake::Shutdown,
@@ -1082,7 +1049,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             match wake {
                 Wake::Readable(Ok(())) => {}
                 Wake::Readable(Err(error)) => break Err(error),
-                Wake::Answered(outcome) => self.resolve_oldest(outcome),
+                Wake::Answered(frames) => self.write_resolved(frames),
                 Wake::Timer => break Ok(Err(self.expired(Deadline::Frame))),
                 Wake::Kicked(kick) => break Ok(Err(self.kicked(kick))),
                 Wake::Shutdown => break Ok(Err(End::Quiet)),
