@@ -215,6 +215,7 @@ impl OpLogHandle {
     pub(crate) fn unwritten(sink: Arc<OpLogSink>, ack: OpLogAck, timeout: Duration) -> Arc<Self> {
         Arc::new(OpLogHandle {
             sink,
+            fence: None,
             writer: Mutex::new(None),
             ack,
             timeout,
