@@ -10,6 +10,7 @@
 mod disk_tier;
 mod master;
 mod oplog;
+mod oplog_compaction;
 mod ops;
 pub mod pingpong;
 pub mod scaling;
@@ -28,6 +29,10 @@ pub enum BenchCommand {
     /// run), then PutStart+PutEnd on a master without the op-log, with durable acks and with
     /// visible acks, sequential and with 256 in flight.
     Oplog(oplog::Args),
+    /// The op-log's footprint in etcd after many puts (default 1,000,000), with and without
+    /// compaction: keys under the log, etcd's database size and the part in use, and the size
+    /// after a defragmentation.
+    OplogCompaction(oplog_compaction::Args),
     /// Master snapshot in process: take time, bytes per object, restore time, and a reader's
     /// GetReplicaList p99 during the take next to its p99 without one.
     Snapshot(snapshot::Args),
@@ -79,6 +84,7 @@ pub fn run(command: BenchCommand) -> anyhow::Result<()> {
         BenchCommand::DiskTier(args) => disk_tier::run(args),
         BenchCommand::Master(args) => master::run(args),
         BenchCommand::Oplog(args) => oplog::run(args),
+        BenchCommand::OplogCompaction(args) => oplog_compaction::run(args),
         BenchCommand::Ops(args) => ops::run(args),
         BenchCommand::Snapshot(args) => snapshot::run(args),
         BenchCommand::Store(args) => store::run(args),

@@ -55,7 +55,7 @@ fn thread_cpu() -> f64 {
     cpu_seconds(libc::CLOCK_THREAD_CPUTIME_ID)
 }
 
-fn load_average() -> String {
+pub(crate) fn load_average() -> String {
     std::fs::read_to_string("/proc/loadavg")
         .ok()
         .map(|l| l.split_whitespace().take(3).collect::<Vec<_>>().join(" "))

@@ -7,6 +7,10 @@
 //!   say so on both. The leader is SIGKILLed: the standby takes over with a higher view
 //!   version, every object acknowledged before reads back byte-exact, every acknowledged
 //!   removal stays removed, and writes succeed again.
+//! - After compaction: the leader takes snapshots of the log (compacting it) into a directory
+//!   shared with the other masters; a standby started afterwards starts from the newest
+//!   snapshot and the log after it, and takes over a SIGKILLed leader with every acknowledged
+//!   object; a standby without the directory halts at start instead of serving a partial log.
 //! - Fencing: the leader is SIGSTOPped until the standby has taken over, then SIGCONTed. A put
 //!   sent to it while it was stopped, and every put after, is refused; it reports that it
 //!   stepped down, and the new leader holds everything acknowledged before.
@@ -32,10 +36,17 @@ fn start_master(etcd: &EtcdServer, cluster: &str, log: &Path) -> MasterProcess {
 
 /// A master of `cluster` on the etcd members `endpoints` (comma-separated).
 fn start_master_on(endpoints: &str, cluster: &str, log: &Path) -> MasterProcess {
+    start_master_with(endpoints, cluster, log, &[])
+}
+
+/// [`start_master_on`] with more flags.
+fn start_master_with(endpoints: &str, cluster: &str, log: &Path, more: &[&str]) -> MasterProcess {
     let endpoints = format!("--etcd_endpoints={endpoints}");
     let cluster = format!("--cluster_id={cluster}");
+    let mut extra = vec!["--enable_ha", &endpoints, &cluster];
+    extra.extend_from_slice(more);
     MasterProcess::spawn(MasterOptions {
-        extra: &["--enable_ha", &endpoints, &cluster],
+        extra: &extra,
         stderr: std::fs::File::create(log).unwrap().into(),
         log: "info",
         ..MasterOptions::default()
@@ -217,6 +228,63 @@ fn the_standby_takes_over_a_sigkilled_leader_with_every_acknowledged_object() {
     assert!(view > old_view, "view {view} after {old_view}");
     rt.block_on(check_after_failover(&via_etcd, &kept, &removed));
     rt.block_on(common::wait_readable_within(&c, &kept, WAIT));
+}
+
+#[test]
+fn a_standby_started_after_compaction_starts_from_the_newest_snapshot_and_takes_over() {
+    let tmp = tempfile::tempdir().unwrap();
+    let etcd = EtcdServer::start();
+    let endpoint = etcd.endpoint();
+    let dir = format!("--snapshot_dir={}", tmp.path().join("shared").display());
+    let cluster = "mooncake_cluster"; // what `etcd://` clients look up
+    let first = start_master_with(&endpoint, cluster, &tmp.path().join("m1.log"), &[&dir]);
+    wait_for(first.metrics, "/role", "leader");
+    let via_etcd = format!("etcd://127.0.0.1:{}", etcd.client_port);
+    let _node = StoreNode::start(&via_etcd, "64MiB", &["--transport", "tcp"]);
+    let rt = runtime();
+    let c = rt.block_on(client(&via_etcd));
+    let (mut kept, mut removed) = (Vec::new(), Vec::new());
+    for round in 0..3 {
+        let (k, r) = rt.block_on(write_some(&c, &format!("r{round}-")));
+        kept.extend(k);
+        removed.extend(r);
+        let out = common::verb_ok(&["snapshot", "--master", &first.rpc.to_string()]);
+        assert!(out.starts_with("snapshot "), "{out}");
+    }
+    let (k, r) = rt.block_on(write_some(&c, "tail-"));
+    kept.extend(k);
+    removed.extend(r);
+    let floor = rt.block_on(async {
+        let log = mooncake_oplog::etcd::EtcdLog::connect(
+            std::slice::from_ref(&endpoint),
+            mooncake_oplog::etcd::oplog_root(cluster),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap();
+        log.read_floor().await.unwrap()
+    });
+    assert!(floor.is_some(), "the log was compacted");
+    // Without the snapshots the compacted log cannot be replayed: that standby halts.
+    let blind = start_master_with(&endpoint, cluster, &tmp.path().join("m3.log"), &[]);
+    wait_for(blind.metrics, "/ha_status", "halted");
+    let second = start_master_with(&endpoint, cluster, &tmp.path().join("m2.log"), &[&dir]);
+    wait_for(second.metrics, "/ha_status", "standby");
+    let deadline = Instant::now() + WAIT;
+    loop {
+        let text = std::fs::read_to_string(tmp.path().join("m2.log")).unwrap_or_default();
+        if text.contains("op-log: loaded snapshot") {
+            break;
+        }
+        assert!(Instant::now() < deadline, "no snapshot loaded: {text}");
+        std::thread::sleep(Duration::from_millis(100));
+    }
+    let mut first = first;
+    signal(&first.child, libc::SIGKILL);
+    wait_exit(&mut first.child, Duration::from_secs(10)).expect("SIGKILL exit");
+    wait_for(second.metrics, "/role", "leader");
+    rt.block_on(check_after_failover(&c, &kept, &removed));
+    assert_eq!(get(blind.metrics, "/ha_status"), "halted");
 }
 
 #[test]

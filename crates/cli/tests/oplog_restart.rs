@@ -5,6 +5,10 @@
 //!   SIGKILLed (no snapshot anywhere) and started again on the same port and etcd; it rebuilds
 //!   its state from the log, the node re-mounts, and every acknowledged object reads back
 //!   byte-exact while every acknowledged removal stays removed.
+//! - With snapshots of the log, each snapshot compacts the log in etcd (the batches up to the
+//!   floor are gone); a master SIGKILLed after several cycles starts from the newest snapshot
+//!   and the log after it with every acknowledged object byte-exact and every removal kept; with
+//!   every snapshot damaged, the compacted log cannot be replayed and the start fails loudly.
 //! - While etcd is down, writes fail with ETCD_OPERATION_ERROR (retryable) and reads keep
 //!   working; once etcd is back, writes succeed again without a restart, and nothing
 //!   acknowledged before, during or after is lost across another SIGKILL of the master.
@@ -30,11 +34,18 @@ fn free_port() -> u16 {
         .port()
 }
 
-fn spawn_master(port: u16, etcd: &EtcdServer, log: &Path) -> Result<MasterProcess, ExitStatus> {
+fn spawn_master(
+    port: u16,
+    etcd: &EtcdServer,
+    log: &Path,
+    more: &[&str],
+) -> Result<MasterProcess, ExitStatus> {
     let endpoints = format!("--etcd_endpoints={}", etcd.endpoint());
+    let mut extra = vec!["--enable_oplog", &endpoints, "--cluster_id=oplog-test"];
+    extra.extend_from_slice(more);
     MasterProcess::spawn(MasterOptions {
         port,
-        extra: &["--enable_oplog", &endpoints, "--cluster_id=oplog-test"],
+        extra: &extra,
         stderr: std::fs::File::create(log).unwrap().into(),
         log: "info",
         env: &[],
@@ -43,9 +54,13 @@ fn spawn_master(port: u16, etcd: &EtcdServer, log: &Path) -> Result<MasterProces
 
 /// A master on `port` (retried while the previous one's port is not free yet).
 fn start_master(port: u16, etcd: &EtcdServer, log: &Path) -> MasterProcess {
+    start_master_with(port, etcd, log, &[])
+}
+
+fn start_master_with(port: u16, etcd: &EtcdServer, log: &Path, more: &[&str]) -> MasterProcess {
     let deadline = Instant::now() + Duration::from_secs(30);
     loop {
-        match spawn_master(port, etcd, log) {
+        match spawn_master(port, etcd, log, more) {
             Ok(m) => return m,
             Err(status) if Instant::now() < deadline => {
                 let text = std::fs::read_to_string(log).unwrap_or_default();
@@ -197,4 +212,113 @@ fn while_etcd_is_down_writes_fail_retryably_reads_work_and_service_resumes_by_it
     let master = start_master(port, &etcd, &tmp.path().join("m2.log"));
     rt.block_on(wait_readable(&c, &acked));
     kill(master);
+}
+
+/// Puts `n` objects named `{prefix}{i}`, removing every fourth: (kept, removed).
+async fn put_and_remove(
+    c: &StoreClient,
+    prefix: &str,
+    n: usize,
+) -> (Vec<(String, Vec<u8>)>, Vec<String>) {
+    let (mut kept, mut removed) = (Vec::new(), Vec::new());
+    for i in 0..n {
+        let key = format!("{prefix}{i}");
+        let value = pattern(2000 + i * 1013, i as u64 + 7);
+        c.put(&key, &value, &ReplicateConfig::default())
+            .await
+            .unwrap();
+        if i % 4 == 0 {
+            c.remove(&key, true).await.unwrap();
+            removed.push(key);
+        } else {
+            kept.push((key, value));
+        }
+    }
+    (kept, removed)
+}
+
+#[test]
+fn a_master_restarted_after_compaction_starts_from_the_newest_snapshot_and_the_log_after_it() {
+    let tmp = tempfile::tempdir().unwrap();
+    let snapshots = tmp.path().join("snapshots");
+    let dir_flag = format!("--snapshot_dir={}", snapshots.display());
+    let flags = [dir_flag.as_str(), "--enable_snapshot_restore"];
+    let etcd = EtcdServer::start();
+    let port = free_port();
+    let master = start_master_with(port, &etcd, &tmp.path().join("m1.log"), &flags);
+    let addr = format!("127.0.0.1:{port}");
+    let _node = StoreNode::start(&addr, "64MiB", &["--transport", "tcp"]);
+    let rt = runtime();
+    let c = rt.block_on(client(port));
+    let log = rt.block_on(async {
+        mooncake_oplog::etcd::EtcdLog::connect(
+            &[etcd.endpoint()],
+            mooncake_oplog::etcd::oplog_root("oplog-test"),
+            Duration::from_secs(5),
+        )
+        .await
+        .unwrap()
+    });
+    let (mut kept, mut removed) = (Vec::new(), Vec::new());
+    for cycle in 0..4 {
+        let (k, r) = rt.block_on(put_and_remove(&c, &format!("c{cycle}-"), 12));
+        kept.extend(k);
+        removed.extend(r);
+        let out = common::verb_ok(&["snapshot", "--master", &addr]);
+        assert!(out.starts_with("snapshot "), "{out}");
+    }
+    // Compacted: the floor is the snapshot before the newest; nothing up to it is left.
+    let floor = rt
+        .block_on(log.read_floor())
+        .unwrap()
+        .expect("a compaction floor");
+    let first = rt.block_on(log.read_batches(0, 1)).unwrap();
+    assert_eq!(first.first().map(|(id, _)| *id), Some(floor.batch_id + 1));
+    // Acknowledged after the last snapshot: only in the log.
+    let (k, r) = rt.block_on(put_and_remove(&c, "tail-", 8));
+    kept.extend(k);
+    removed.extend(r);
+    kill(master);
+
+    let master = start_master_with(port, &etcd, &tmp.path().join("m2.log"), &flags);
+    let text = std::fs::read_to_string(tmp.path().join("m2.log")).unwrap_or_default();
+    assert!(text.contains("op-log: loaded snapshot"), "{text}");
+    rt.block_on(wait_readable(&c, &kept));
+    for key in &removed {
+        rt.block_on(assert_absent(&c, key));
+    }
+    kill(master);
+
+    // Every snapshot damaged: the log alone cannot rebuild the state, and the start says so.
+    for entry in std::fs::read_dir(&snapshots).unwrap() {
+        let path = entry.unwrap().path();
+        let mut bytes = std::fs::read(&path).unwrap();
+        let middle = bytes.len() / 2;
+        bytes[middle] ^= 0x10;
+        std::fs::write(&path, bytes).unwrap();
+    }
+    let failed_log = tmp.path().join("m3.log");
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let status = loop {
+        match spawn_master(port, &etcd, &failed_log, &flags) {
+            Ok(m) => panic!(
+                "a master started from a compacted log without its snapshot (pid {})",
+                m.pid()
+            ),
+            Err(status) => {
+                let text = std::fs::read_to_string(&failed_log).unwrap_or_default();
+                if text.contains("cannot listen") && Instant::now() < deadline {
+                    std::thread::sleep(Duration::from_millis(200));
+                    continue;
+                }
+                break status;
+            }
+        }
+    };
+    assert!(!status.success());
+    let text = std::fs::read_to_string(&failed_log).unwrap_or_default();
+    assert!(
+        text.contains(&format!("compacted up to sequence {}", floor.last_seq)),
+        "{text}"
+    );
 }

@@ -12,7 +12,7 @@
 use std::sync::atomic::Ordering;
 use std::sync::Arc;
 
-use mooncake_common::{ErrorCode, SegmentId, TenantId};
+use mooncake_common::{ErrorCode, SegmentId, SegmentStatus, TenantId};
 use smallvec::SmallVec;
 use thiserror::Error;
 
@@ -116,6 +116,52 @@ impl MasterService {
                 Ok(())
             }
         }
+    }
+
+    /// Loads `state` into this empty master exactly as it was exported: every segment mounted
+    /// with its status and graceful deadline, the tenant policy, every object at its exact
+    /// ranges, the discarded list and the next replica id, so that [`MasterService::export_state`]
+    /// gives `state` back and the allocators hold the same ranges. Unlike
+    /// [`MasterService::restore`] nothing is verified, dropped or made to wait: this builds a
+    /// replica on which the op-log after a snapshot is replayed (docs/oplog.md, "Compaction").
+    /// Observes nothing.
+    pub fn load_state(&self, state: &MasterState) -> Result<(), ApplyError> {
+        for s in &state.segments {
+            self.load_segment(s)?;
+        }
+        self.recompute_quotas();
+        if self.config.enable_multi_tenants {
+            self.set_policy(state.tenant_policy.clone(), false);
+        }
+        for o in &state.objects {
+            self.apply_object(o)?;
+        }
+        for d in &state.discarded {
+            self.apply_discarded(d)?;
+        }
+        self.next_replica_id
+            .fetch_max(state.next_replica_id, Ordering::Relaxed);
+        Ok(())
+    }
+
+    /// Mounts one exported segment and brings it to its status.
+    fn load_segment(&self, s: &SegmentRecord) -> Result<(), ApplyError> {
+        let mut segs = self.segments.inner.write();
+        segs.mount(&s.segment, s.client).map_err(refused("mount"))?;
+        let id = s.segment.id;
+        let status = refused("segment status");
+        match s.status {
+            SegmentStatus::DRAINING => segs.set_status(id, SegmentStatus::DRAINING).map(drop),
+            SegmentStatus::DRAINED => segs
+                .set_status(id, SegmentStatus::DRAINING)
+                .and_then(|_| segs.set_status(id, SegmentStatus::DRAINED))
+                .map(drop),
+            SegmentStatus::GRACEFULLY_UNMOUNTING => segs
+                .start_graceful_unmount(id, s.client, s.graceful_deadline_ms.unwrap_or(0))
+                .map(drop),
+            _ => Ok(()),
+        }
+        .map_err(status)
     }
 
     /// Claims `b` in its segment's allocator.

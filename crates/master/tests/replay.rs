@@ -375,8 +375,19 @@ impl World {
                 sb.segments,
             );
         }
+        // The export loaded into an empty master is the same state again (a snapshot of the
+        // log's fold, loaded to replay the log after it).
+        let c = MasterService::new(self.b.config().clone(), self.clock.clone()).unwrap();
+        c.load_state(&sa)
+            .unwrap_or_else(|e| panic!("{when}: the export does not load: {e}"));
+        assert!(c.export_state() == sa, "{when}: a loaded export differs");
         for s in &sa.segments {
             let id = s.segment.id;
+            assert_eq!(
+                self.a.segment_free_ranges(id),
+                c.segment_free_ranges(id),
+                "{when}: free ranges of segment {id} after a load"
+            );
             assert_eq!(
                 self.a.segment_free_ranges(id),
                 self.b.segment_free_ranges(id),

@@ -7,7 +7,8 @@ use std::time::Duration;
 
 use crate::election::Fence;
 use etcd_client::{
-    Client, Compare, CompareOp, ConnectOptions, GetOptions, KvClient, Txn, TxnOp, TxnOpResponse,
+    Client, Compare, CompareOp, ConnectOptions, DeleteOptions, GetOptions, KvClient, Txn, TxnOp,
+    TxnOpResponse,
 };
 
 /// The durable prefix: the last committed batch and the last sequence number it holds.
@@ -146,15 +147,92 @@ impl EtcdLog {
             .map_err(unavailable)
     }
 
+    /// `compaction/latest`: the prefix of the newest snapshot compaction published.
+    pub fn latest_key(&self) -> String {
+        format!("{}compaction/latest", self.root)
+    }
+
+    /// `compaction/floor`: every batch up to this prefix's batch id is deleted.
+    pub fn floor_key(&self) -> String {
+        format!("{}compaction/floor", self.root)
+    }
+
     /// The durable prefix (`None` before the first commit).
     pub async fn read_prefix(&self) -> Result<Option<Prefix>, EtcdError> {
+        self.read_prefix_at(self.prefix_key()).await
+    }
+
+    /// The compaction floor (`None`: nothing was ever deleted).
+    pub async fn read_floor(&self) -> Result<Option<Prefix>, EtcdError> {
+        self.read_prefix_at(self.floor_key()).await
+    }
+
+    /// The prefix of the newest snapshot a compaction published (`None`: none yet).
+    pub async fn read_latest(&self) -> Result<Option<Prefix>, EtcdError> {
+        self.read_prefix_at(self.latest_key()).await
+    }
+
+    async fn read_prefix_at(&self, key: String) -> Result<Option<Prefix>, EtcdError> {
         let mut kv = self.kv.clone();
-        let r = self.timed(kv.get(self.prefix_key(), None)).await?;
+        let r = self.timed(kv.get(key.clone(), None)).await?;
         match r.kvs().first() {
             None => Ok(None),
             Some(kv) => Prefix::parse(kv.value())
                 .map(Some)
-                .ok_or_else(|| EtcdError::Invalid(format!("prefix value {:?}", kv.value()))),
+                .ok_or_else(|| EtcdError::Invalid(format!("{key} value {:?}", kv.value()))),
+        }
+    }
+
+    /// Publishes `latest` (the prefix a new snapshot includes) and moves the compaction floor
+    /// from `old_floor` to `floor` (if any), deleting every batch up to its batch id, in one
+    /// transaction. It succeeds only if the floor is still `old_floor` and, with a fence, this
+    /// writer's view still leads. Returns the transaction's revision (for
+    /// [`EtcdLog::compact_history`]).
+    pub async fn compact(
+        &self,
+        latest: Prefix,
+        old_floor: Option<Prefix>,
+        floor: Option<Prefix>,
+    ) -> Result<i64, EtcdError> {
+        let fk = self.floor_key();
+        let guard = match old_floor {
+            None => Compare::create_revision(fk.clone(), CompareOp::Equal, 0),
+            Some(p) => Compare::value(fk.clone(), CompareOp::Equal, p.encode()),
+        };
+        let guards: Vec<Compare> = std::iter::once(guard)
+            .chain(self.fence.as_ref().map(Fence::compare))
+            .collect();
+        let mut ops = vec![TxnOp::put(self.latest_key(), latest.encode(), None)];
+        if let Some(floor) = floor {
+            let first = format!("{}batches/", self.root);
+            let end = self.batch_key(floor.batch_id.saturating_add(1));
+            ops.push(TxnOp::put(fk, floor.encode(), None));
+            ops.push(TxnOp::delete(
+                first,
+                Some(DeleteOptions::new().with_range(end)),
+            ));
+        }
+        let txn = Txn::new().when(guards).and_then(ops);
+        let mut kv = self.kv.clone();
+        let r = self.timed(kv.txn(txn)).await?;
+        if !r.succeeded() {
+            return Err(EtcdError::Fenced {
+                expected: old_floor,
+                found: None,
+            });
+        }
+        Ok(r.header().map_or(0, |h| h.revision()))
+    }
+
+    /// Compacts etcd's history (MVCC) up to `revision`: the deleted batches and every older
+    /// value of the prefix stop taking space in etcd's database (the file itself shrinks only
+    /// at a defragmentation; docs/oplog.md, "Compaction"). A revision already compacted is not
+    /// an error.
+    pub async fn compact_history(&self, revision: i64) -> Result<(), EtcdError> {
+        let mut kv = self.kv.clone();
+        match self.timed(kv.compact(revision, None)).await {
+            Err(EtcdError::Unavailable(why)) if why.contains("compacted") => Ok(()),
+            other => other.map(drop),
         }
     }
 

@@ -57,6 +57,22 @@ impl<'a> LogFollower<'a> {
         }
     }
 
+    /// A follower into `master`, which holds the log's fold up to `applied_seq` (a snapshot
+    /// loaded into it), reading batches after `after_batch` (the compaction floor, or 0).
+    /// Batches that end at or below `applied_seq` are read and skipped.
+    pub fn at(master: &'a MasterService, after_batch: u64, applied_seq: u64) -> Self {
+        LogFollower {
+            replayer: Replayer::new(master, applied_seq),
+            batch_id: after_batch,
+            halted: None,
+        }
+    }
+
+    /// The last batch read.
+    pub fn batch_id(&self) -> u64 {
+        self.batch_id
+    }
+
     pub fn applied_seq(&self) -> u64 {
         self.replayer.applied_seq()
     }
@@ -78,10 +94,12 @@ impl<'a> LogFollower<'a> {
     async fn step(&mut self, log: &EtcdLog) -> Result<Option<Prefix>, FollowError> {
         let halt = |why: String| Err(FollowError::Halted(why));
         let Some(prefix) = log.read_prefix().await? else {
-            if self.batch_id > 0 {
+            if self.batch_id > 0 || self.replayer.applied_seq() > 0 {
                 return halt(format!(
-                    "the prefix disappeared after batch {}",
-                    self.batch_id
+                    "the op-log in etcd is empty, but batch {} and sequence {} were applied \
+                     (the prefix disappeared, or a snapshot of another log was loaded)",
+                    self.batch_id,
+                    self.replayer.applied_seq()
                 ));
             }
             return Ok(None);
@@ -94,15 +112,13 @@ impl<'a> LogFollower<'a> {
         }
         while self.batch_id < prefix.batch_id {
             let batches = log.read_batches(self.batch_id, READ_BATCHES).await?;
-            if batches.is_empty() {
-                return halt(format!("op-log batch {} is missing", self.batch_id + 1));
+            let first = batches.first().map(|(id, _)| *id);
+            if first != Some(self.batch_id + 1) {
+                return halt(self.missing(log, first).await);
             }
             for (id, bytes) in batches.into_iter().filter(|(id, _)| *id <= prefix.batch_id) {
                 if id != self.batch_id + 1 {
-                    return halt(format!(
-                        "op-log batch {} is missing (found {id})",
-                        self.batch_id + 1
-                    ));
+                    return halt(self.missing(log, Some(id)).await);
                 }
                 if let Err(e) = self.replayer.apply_bytes(&bytes) {
                     return halt(format!("op-log batch {id}: {e}"));
@@ -119,5 +135,21 @@ impl<'a> LogFollower<'a> {
             ));
         }
         Ok(Some(prefix))
+    }
+
+    /// Why the next batch is not there: compacted away (this follower fell behind the floor),
+    /// or missing.
+    async fn missing(&self, log: &EtcdLog, found: Option<u64>) -> String {
+        let next = self.batch_id + 1;
+        let found = found.map_or(String::new(), |id| format!(" (found {id})"));
+        match log.read_floor().await {
+            Ok(Some(floor)) if floor.batch_id >= next => format!(
+                "op-log batch {next} was compacted (the floor is batch {}, sequence {}): this \
+                 replica fell behind the newest snapshots; restart it to start from the newest \
+                 snapshot and the log after it",
+                floor.batch_id, floor.last_seq
+            ),
+            _ => format!("op-log batch {next} is missing{found}"),
+        }
     }
 }

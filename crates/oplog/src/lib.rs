@@ -12,6 +12,8 @@
 
 pub mod batch;
 #[cfg(feature = "etcd")]
+pub mod checkpoint;
+#[cfg(feature = "etcd")]
 pub mod election;
 #[cfg(feature = "etcd")]
 pub mod etcd;

@@ -119,6 +119,24 @@ impl EtcdServer {
         panic!("etcd did not become healthy within 60 s");
     }
 
+    /// etcd's database file size and the part of it in use (`etcdctl endpoint status`:
+    /// dbSize, dbSizeInUse), in bytes.
+    pub async fn db_size(&self) -> (i64, i64) {
+        let mut client = etcd_client::Client::connect([self.endpoint()], None)
+            .await
+            .unwrap();
+        let status = client.status().await.unwrap();
+        (status.db_size(), status.raft_used_db_size())
+    }
+
+    /// Defragments the member (`etcdctl defrag`): the database file shrinks to what is in use.
+    pub async fn defragment(&self) {
+        let mut client = etcd_client::Client::connect([self.endpoint()], None)
+            .await
+            .unwrap();
+        client.defragment().await.unwrap();
+    }
+
     /// SIGKILLs the process.
     pub fn kill(&mut self) {
         if let Some(mut c) = self.child.take() {

@@ -6,11 +6,18 @@
 //! client processes on two cores lost 2-3× in calls/s and p99 to spinning; docs/decisions.md).
 //! So in the adaptive mode every spin first asks for a [`Verdict`], from two inputs:
 //!
-//! * the host's load: how many other threads are runnable, on average (the kernel's count of
-//!   runnable threads in `/proc/loadavg`, read at most every [`HOST_SAMPLE_EVERY`] by one thread
-//!   of the process, smoothed, the reading thread left out), against the cores the process may
-//!   use. A spinner takes one core and leaves the others; it polls only while fewer than
-//!   `cores - 1` other threads want them, so one stays for whoever answers.
+//! * the host's load, read at most every [`HOST_SAMPLE_EVERY`] by one thread of the process and
+//!   smoothed: how many other threads are runnable, on average (the kernel's count of runnable
+//!   threads in `/proc/loadavg`, the reading thread left out), against the cores the process may
+//!   use, and how much of the time some thread had to wait for a core (the kernel's CPU pressure
+//!   stall information, `/proc/pressure/cpu`, where it has it). A spinner takes one core and
+//!   leaves the others; it polls while fewer than `cores - 1` other threads want them, so one
+//!   stays for whoever answers, or while no thread waits for a core at all. The count alone is
+//!   a snapshot taken at the start of a call, just after the answering side sent its previous
+//!   answer and while it is often still running: a lone client next to its server saw one other
+//!   runnable thread at a third of its calls and did not spin for them, although the server had
+//!   a core of its own. The stall time says what the count cannot: whether anyone actually
+//!   waited.
 //! * how spinning went on this thread lately ([`Governor`]): a spin during which the thread lost
 //!   its core (a gap of [`DESCHEDULED_GAP`] between two looks at the socket) is a strike that
 //!   outweighs eight answered spins; a spin whose budget ran out without an answer outweighs two
@@ -51,12 +58,25 @@ pub struct HostLoad {
     pub others_runnable: f64,
     /// Cores the host has.
     pub cores: u32,
+    /// The share of the recent past during which some thread was runnable but waiting for a
+    /// core; `None` where the kernel does not tell.
+    pub waiting_for_cpu: Option<f64>,
 }
 
+/// A share of time waiting for a core under which the host counts as having a core to spare
+/// whatever its runnable count (a stray wake-up of a kernel or idle thread; a spinner that
+/// takes a core somebody needs makes the share jump to tens of percent).
+pub const NOBODY_WAITS: f64 = 0.02;
+
 /// Whether a thread that spins (and so keeps one core busy) still leaves a core for everyone
-/// else that wants one, the answering side included.
+/// else that wants one, the answering side included: fewer other runnable threads than the
+/// cores it leaves, or no thread waiting for a core lately.
 pub fn host_has_spare_core(load: HostLoad) -> bool {
-    load.cores >= 2 && load.others_runnable < f64::from(load.cores - 1)
+    load.cores >= 2
+        && (load.others_runnable < f64::from(load.cores - 1)
+            || load
+                .waiting_for_cpu
+                .is_some_and(|share| share < NOBODY_WAITS))
 }
 
 /// Whether to spin now.
@@ -270,6 +290,13 @@ fn host_load(now_ns: u64) -> Option<HostLoad> {
     static NEXT_SAMPLE_NS: AtomicU64 = AtomicU64::new(0);
     /// Smoothed others-runnable count in thousandths; `u64::MAX` before the first reading.
     static OTHERS_MILLI: AtomicU64 = AtomicU64::new(u64::MAX);
+    /// Smoothed share of time some thread waited for a core, in millionths; `u64::MAX` before
+    /// the first share (two readings).
+    static WAITING_PPM: AtomicU64 = AtomicU64::new(u64::MAX);
+    /// The kernel's total stall time (µs) and `now_ns` at the previous reading; `u64::MAX`
+    /// before it.
+    static STALL_TOTAL_US: AtomicU64 = AtomicU64::new(u64::MAX);
+    static STALL_READ_NS: AtomicU64 = AtomicU64::new(0);
     let due = NEXT_SAMPLE_NS.load(Ordering::Relaxed);
     if now_ns >= due
         && NEXT_SAMPLE_NS
@@ -287,12 +314,33 @@ fn host_load(now_ns: u64) -> Option<HostLoad> {
             let old = OTHERS_MILLI.load(Ordering::Relaxed);
             OTHERS_MILLI.store(smooth(old, sample), Ordering::Relaxed);
         }
+        if let Some(total_us) = read_cpu_stall_us() {
+            let previous_us = STALL_TOTAL_US.swap(total_us, Ordering::Relaxed);
+            let previous_ns = STALL_READ_NS.swap(now_ns, Ordering::Relaxed);
+            if let Some(share) = waiting_share_ppm(previous_us, total_us, now_ns - previous_ns) {
+                let old = WAITING_PPM.load(Ordering::Relaxed);
+                WAITING_PPM.store(smooth(old, share), Ordering::Relaxed);
+            }
+        }
     }
     let milli = OTHERS_MILLI.load(Ordering::Relaxed);
+    let waiting = WAITING_PPM.load(Ordering::Relaxed);
     (milli != u64::MAX).then(|| HostLoad {
         others_runnable: milli as f64 / 1000.0,
         cores: host_cores(),
+        waiting_for_cpu: (waiting != u64::MAX).then(|| waiting as f64 / 1e6),
     })
+}
+
+/// The share (millionths) of `elapsed_ns` during which some thread waited for a core, from two
+/// readings of the kernel's total stall time; `None` without a previous reading (`u64::MAX`)
+/// or elapsed time.
+fn waiting_share_ppm(previous_us: u64, total_us: u64, elapsed_ns: u64) -> Option<u64> {
+    if previous_us == u64::MAX || elapsed_ns == 0 {
+        return None;
+    }
+    let stalled_ns = total_us.saturating_sub(previous_us).saturating_mul(1000);
+    Some((stalled_ns.saturating_mul(1_000_000) / elapsed_ns).min(1_000_000))
 }
 
 /// The smoothed value after `sample` (a quarter of the way from `old`; `old == u64::MAX`: none
@@ -332,6 +380,30 @@ fn read_runnable() -> Option<u32> {
     let mut buf = [0u8; 128];
     let n = file.read_at(&mut buf, 0).ok()?;
     parse_runnable(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+/// The kernel's total time (µs) during which some thread waited for a core
+/// (`/proc/pressure/cpu`); `None` where the kernel has no pressure stall information.
+fn read_cpu_stall_us() -> Option<u64> {
+    use std::os::unix::fs::FileExt;
+    static PRESSURE: OnceLock<Option<std::fs::File>> = OnceLock::new();
+    let file = PRESSURE
+        .get_or_init(|| std::fs::File::open("/proc/pressure/cpu").ok())
+        .as_ref()?;
+    let mut buf = [0u8; 256];
+    let n = file.read_at(&mut buf, 0).ok()?;
+    parse_stall_total(std::str::from_utf8(&buf[..n]).ok()?)
+}
+
+/// The `some` total of a `/proc/pressure/cpu` text ("some avg10=0.00 avg60=0.00 avg300=0.00
+/// total=12345" and a `full` line: 12345).
+pub fn parse_stall_total(text: &str) -> Option<u64> {
+    text.lines()
+        .find(|line| line.starts_with("some "))?
+        .split_whitespace()
+        .find_map(|field| field.strip_prefix("total="))?
+        .parse()
+        .ok()
 }
 
 /// The runnable count of a `/proc/loadavg` line ("0.52 0.58 0.59 3/612 12345": 3).
@@ -383,7 +455,15 @@ mod tests {
         Some(HostLoad {
             others_runnable: others,
             cores,
+            waiting_for_cpu: None,
         })
+    }
+
+    fn with_waiting(load: Option<HostLoad>, share: f64) -> HostLoad {
+        HostLoad {
+            waiting_for_cpu: Some(share),
+            ..load.unwrap()
+        }
     }
 
     #[test]
@@ -396,6 +476,62 @@ mod tests {
         assert!(!host_has_spare_core(load(0.0, 1).unwrap()));
         assert!(host_has_spare_core(load(14.0, 16).unwrap()));
         assert!(!host_has_spare_core(load(15.0, 16).unwrap()));
+    }
+
+    /// A lone client next to its server: the count often sees the server still running, but
+    /// nobody waits for a core, so the client spins; once threads do wait, it does not.
+    #[test]
+    fn a_host_where_nobody_waits_for_a_core_has_one_to_spare() {
+        assert!(host_has_spare_core(with_waiting(load(1.0, 2), 0.0)));
+        assert!(host_has_spare_core(with_waiting(load(3.0, 2), 0.01)));
+        assert!(!host_has_spare_core(with_waiting(
+            load(1.0, 2),
+            NOBODY_WAITS
+        )));
+        assert!(!host_has_spare_core(with_waiting(load(1.2, 2), 0.3)));
+        // Few runnable threads are enough whatever the waiting says.
+        assert!(host_has_spare_core(with_waiting(load(0.5, 2), 0.9)));
+        // One core: never.
+        assert!(!host_has_spare_core(with_waiting(load(0.0, 1), 0.0)));
+    }
+
+    #[test]
+    fn the_waiting_share_comes_from_two_stall_totals() {
+        // No previous reading, or no time passed: no share.
+        assert_eq!(waiting_share_ppm(u64::MAX, 500, 2_000_000), None);
+        assert_eq!(waiting_share_ppm(100, 500, 0), None);
+        // 500 µs stalled in 2 ms: a quarter.
+        assert_eq!(waiting_share_ppm(1_000, 1_500, 2_000_000), Some(250_000));
+        assert_eq!(waiting_share_ppm(1_000, 1_000, 2_000_000), Some(0));
+        // Stalls on several cores at once can add up to more than the time: capped at all of it.
+        assert_eq!(waiting_share_ppm(0, 5_000, 2_000_000), Some(1_000_000));
+        // A total that went back (it never should) is no stall.
+        assert_eq!(waiting_share_ppm(9_000, 1_000, 2_000_000), Some(0));
+    }
+
+    #[test]
+    fn pressure_files_are_parsed() {
+        let text = "some avg10=1.50 avg60=0.80 avg300=0.20 total=4748323684\n\
+                    full avg10=0.00 avg60=0.00 avg300=0.00 total=17\n";
+        assert_eq!(parse_stall_total(text), Some(4_748_323_684));
+        assert_eq!(parse_stall_total("some avg10=0.00 total=0"), Some(0));
+        assert_eq!(parse_stall_total("full avg10=0.00 total=17\n"), None);
+        assert_eq!(parse_stall_total("some avg10=0.00"), None);
+        assert_eq!(parse_stall_total("some total=x"), None);
+        assert_eq!(parse_stall_total(""), None);
+    }
+
+    /// Where the kernel keeps pressure stall information, the total reads and never goes back.
+    #[test]
+    fn the_kernel_stall_total_reads_where_it_exists() {
+        if std::path::Path::new("/proc/pressure/cpu").exists() {
+            let first = read_cpu_stall_us().expect("stall total");
+            let second = read_cpu_stall_us().expect("stall total");
+            assert!(second >= first, "{first} then {second}");
+        } else {
+            eprintln!("no /proc/pressure/cpu here: the stall reading is not exercised");
+            assert_eq!(read_cpu_stall_us(), None);
+        }
     }
 
     #[test]
@@ -571,10 +707,12 @@ mod tests {
         let busy = PollPolicy::AdaptiveWith(HostLoad {
             others_runnable: 4.0,
             cores: 2,
+            waiting_for_cpu: Some(0.5),
         });
         let idle = PollPolicy::AdaptiveWith(HostLoad {
             others_runnable: 0.0,
             cores: 2,
+            waiting_for_cpu: None,
         });
         std::thread::spawn(move || {
             assert_eq!(decide(busy), Verdict::HostBusy);

@@ -39,11 +39,13 @@ fn loopback() -> SocketAddr {
 const BUSY: PollPolicy = PollPolicy::AdaptiveWith(HostLoad {
     others_runnable: 6.0,
     cores: 2,
+    waiting_for_cpu: Some(0.4),
 });
 /// A host reading with cores to spare.
 const IDLE: PollPolicy = PollPolicy::AdaptiveWith(HostLoad {
     others_runnable: 0.0,
     cores: 8,
+    waiting_for_cpu: None,
 });
 
 fn new_client(addr: SocketAddr, policy: PollPolicy, timeout: Duration) -> RpcClient {

@@ -894,13 +894,6 @@ impl MasterConfig {
                 "1 to 128 characters of [A-Za-z0-9_.-] with --enable_oplog".into(),
             ));
         }
-        if self.enable_snapshot_restore {
-            return Err(invalid(
-                "enable_oplog",
-                "a master with the op-log starts from the log; drop --enable_snapshot_restore"
-                    .into(),
-            ));
-        }
         if self.oplog_ack_timeout_ms == 0 {
             return Err(invalid("oplog_ack_timeout_ms", "must be positive".into()));
         }
@@ -1174,6 +1167,16 @@ mod tests {
         );
         assert_eq!(oplog.ack, OpLogAck::Visible);
         assert!(!oplog.ha);
+        // Snapshots and their restore go with the op-log (a start loads the newest snapshot
+        // of the log and follows the log after it).
+        let (_, resolved) = load(&[
+            "--enable_oplog",
+            "--etcd_endpoints=a:1",
+            "--enable_snapshot_restore",
+            "--snapshot_dir=/tmp",
+        ])
+        .unwrap();
+        assert!(resolved.oplog.is_some() && resolved.snapshot.restore);
         // --enable_ha implies the op-log (its standbys replay it).
         let (_, resolved) = load(&["--enable_ha", "--etcd_endpoints=a:1"]).unwrap();
         let oplog = resolved.oplog.unwrap();
@@ -1194,15 +1197,6 @@ mod tests {
             (
                 &["--enable_oplog", "--etcd_endpoints=a:1", "--cluster_id=a/b"][..],
                 "cluster_id",
-            ),
-            (
-                &[
-                    "--enable_oplog",
-                    "--etcd_endpoints=a:1",
-                    "--enable_snapshot_restore",
-                    "--snapshot_dir=/tmp",
-                ][..],
-                "enable_oplog",
             ),
         ] {
             let err = load(args).unwrap_err();

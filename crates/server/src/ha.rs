@@ -20,10 +20,10 @@ use mooncake_oplog::WriterHealth;
 use parking_lot::Mutex;
 use tokio::sync::watch;
 
-use crate::config::OpLogSettings;
+use crate::config::{OpLogSettings, SnapshotSettings};
 use mooncake_oplog::follow::{FollowError, LogFollower};
 
-use crate::oplog::{connect_log, OpLogHandle, OpLogSlot};
+use crate::oplog::{bootstrap_from, connect_log, OpLogHandle, OpLogSlot};
 
 /// How often a standby reads the log and the leader key.
 const STANDBY_POLL: Duration = Duration::from_millis(200);
@@ -182,6 +182,8 @@ pub struct HaContext {
     /// The settings of the standby's replica master.
     pub replica_config: MasterServiceConfig,
     pub settings: OpLogSettings,
+    /// Where the leader's snapshots of the log are: the standby starts from the newest.
+    pub snapshot: SnapshotSettings,
     /// This master's RPC address, written into the leader key.
     pub address: String,
     pub status: Arc<HaStatus>,
@@ -203,7 +205,19 @@ pub async fn supervise(ctx: HaContext, mut stop: watch::Receiver<bool>) {
             return;
         }
     };
-    let mut follower = LogFollower::new(&replica);
+    let started = tokio::select! {
+        started = bootstrap_from(&replica, &log, &ctx.snapshot) => started,
+        _ = stop.changed() => return,
+    };
+    let mut follower = match started {
+        Ok(follower) => follower,
+        Err(why) => {
+            tracing::error!("HA: the standby cannot start from the log: {why}; it halts");
+            ctx.status.set_state(HaState::Halted);
+            let _ = stop.changed().await;
+            return;
+        }
+    };
     let held = tokio::select! {
         held = stand_by(&ctx, &election, &log, &mut follower) => held,
         _ = stop.changed() => return,

@@ -17,14 +17,16 @@ use std::time::Duration;
 
 use mooncake_common::ErrorCode;
 use mooncake_master::{MasterService, MasterServiceConfig, MasterState};
+use mooncake_oplog::checkpoint::bootstrap;
 use mooncake_oplog::election::Fence;
 use mooncake_oplog::etcd::{oplog_root, EtcdLog, Prefix};
 use mooncake_oplog::follow::LogFollower;
 use mooncake_oplog::{AckError, OpLogSink, OpLogWriter, WriterConfig, WriterHealth};
 use mooncake_proto::methods::{self as m, Method};
+use mooncake_snapshot::SnapshotDir;
 use parking_lot::Mutex;
 
-use crate::config::{OpLogAck, OpLogSettings};
+use crate::config::{OpLogAck, OpLogSettings, SnapshotSettings};
 
 /// Deadline of one etcd call of the writer and of the start.
 const CALL_TIMEOUT: Duration = Duration::from_secs(2);
@@ -101,15 +103,43 @@ pub async fn connect_log(settings: &OpLogSettings) -> Result<EtcdLog, String> {
     .map_err(|e| format!("cannot reach etcd at {:?}: {e}", settings.endpoints))
 }
 
-/// Reads the whole log and folds it into a state, on a scratch master with `config`.
+/// The snapshot directory a start from the log loads from (`None`: none configured).
+pub fn loading_dir(snapshot: &SnapshotSettings) -> Option<SnapshotDir> {
+    snapshot.dir.as_deref().map(SnapshotDir::open_for_loading)
+}
+
+/// Loads the newest snapshot of the log into `master` (empty) and returns a follower of the
+/// log after it (docs/oplog.md, "Compaction"); with `--snapshot_required`, a start without such
+/// a snapshot fails.
+pub async fn bootstrap_from<'a>(
+    master: &'a MasterService,
+    log: &EtcdLog,
+    snapshot: &SnapshotSettings,
+) -> Result<LogFollower<'a>, String> {
+    let dir = loading_dir(snapshot);
+    let boot = bootstrap(master, log, dir.as_ref()).await?;
+    if snapshot.required && boot.snapshot.is_none() {
+        return Err(format!(
+            "no snapshot of the op-log in {} verifies; --snapshot_required refuses to start \
+             from the log alone",
+            dir.as_ref()
+                .map_or("(none)".into(), |d| d.path().display().to_string())
+        ));
+    }
+    Ok(boot.follower)
+}
+
+/// Reads the log, after the newest snapshot of it when there is one, and folds it into a
+/// state, on a scratch master with `config`.
 pub async fn read_log(
     settings: &OpLogSettings,
+    snapshot: &SnapshotSettings,
     config: MasterServiceConfig,
 ) -> Result<LogStart, String> {
     let log = connect_log(settings).await?;
     let scratch = MasterService::new(config, Arc::new(mooncake_common::SystemClock::new()))
         .map_err(|e| e.to_string())?;
-    let mut follower = LogFollower::new(&scratch);
+    let mut follower = bootstrap_from(&scratch, &log, snapshot).await?;
     let prefix = follower.catch_up(&log).await.map_err(|e| e.to_string())?;
     let Some(prefix) = prefix else {
         return Ok(LogStart {
@@ -132,6 +162,8 @@ pub async fn read_log(
 #[derive(Debug)]
 pub struct OpLogHandle {
     sink: Arc<OpLogSink>,
+    /// The fence of the writer's view (with an election): compaction carries it too.
+    fence: Option<Fence>,
     writer: Mutex<Option<OpLogWriter>>,
     ack: OpLogAck,
     timeout: Duration,
@@ -160,12 +192,13 @@ impl OpLogHandle {
                 view,
                 start: prefix,
                 call_timeout: CALL_TIMEOUT,
-                fence,
+                fence: fence.clone(),
             },
         )
         .map_err(|e| format!("cannot start the op-log writer: {e}"))?;
         Ok(Arc::new(OpLogHandle {
             sink,
+            fence,
             writer: Mutex::new(Some(writer)),
             ack: settings.ack,
             timeout: settings.ack_timeout,
@@ -174,6 +207,11 @@ impl OpLogHandle {
 
     pub fn sink(&self) -> &Arc<OpLogSink> {
         &self.sink
+    }
+
+    /// The writer's fence (`None` without an election).
+    pub fn view_fence(&self) -> Option<&Fence> {
+        self.fence.as_ref()
     }
 
     /// Before a mutating call: refuses it while etcd is unreachable or this master is fenced.

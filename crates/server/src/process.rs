@@ -20,7 +20,7 @@ use crate::http::{admin_router, metadata_router, AdminState, MetadataStore};
 use crate::metrics::{RpcMetrics, WorkerMetrics};
 use crate::oplog::{read_log, OpLogHandle, OpLogSlot};
 use crate::rpc_dispatch::MasterRpc;
-use crate::snapshot::{PeriodicSnapshots, SnapshotMetrics, Snapshotter};
+use crate::snapshot::{LogSnapshots, PeriodicSnapshots, SnapshotMetrics, Snapshotter};
 
 /// Why a master could not start.
 #[derive(Debug, Error)]
@@ -167,7 +167,7 @@ impl RunningMaster {
     ) -> Result<RunningMaster, StartError> {
         let (initial, log_prefix) = match &resolved.oplog {
             Some(settings) if !settings.ha => {
-                let start = read_log(settings, core_config(config, resolved))
+                let start = read_log(settings, &resolved.snapshot, core_config(config, resolved))
                     .await
                     .map_err(StartError::OpLog)?;
                 let options = RestoreOptions {
@@ -200,7 +200,7 @@ impl RunningMaster {
         };
         let policy_path = load_tenant_policy(config, &master)?;
         let tenant_policy = Arc::new(crate::tenant_policy::TenantPolicyStore::new(policy_path));
-        let snapshotter = open_snapshotter(&master, resolved, &snapshot_metrics)?;
+        let snapshotter = open_snapshotter(&master, config, resolved, &oplog, &snapshot_metrics)?;
         let metrics = Arc::new(RpcMetrics::default());
         let mut rpc_config = rpc_server_config(config);
         rpc_config.auth_token = resolved.auth_token.clone();
@@ -263,6 +263,7 @@ impl RunningMaster {
                 master: master.clone(),
                 replica_config: core_config(config, resolved),
                 settings: settings.clone(),
+                snapshot: resolved.snapshot.clone(),
                 address: rpc_addr.to_string(),
                 status: ha.clone(),
                 oplog: oplog.clone(),
@@ -421,20 +422,29 @@ fn load_tenant_policy(
 }
 
 /// Opens the snapshot directory when snapshots are configured.
+/// With the op-log, its snapshots are of the log (docs/oplog.md, "Compaction").
 fn open_snapshotter(
     master: &Arc<MasterService>,
+    config: &MasterConfig,
     resolved: &ResolvedConfig,
+    oplog: &Arc<OpLogSlot>,
     snapshot_metrics: &Arc<SnapshotMetrics>,
 ) -> Result<Option<Arc<Snapshotter>>, StartError> {
     let Some(dir) = &resolved.snapshot.dir else {
         return Ok(None);
     };
+    let of_log = resolved.oplog.as_ref().map(|settings| LogSnapshots {
+        slot: oplog.clone(),
+        settings: settings.clone(),
+        config: core_config(config, resolved),
+    });
     let snapshotter = Snapshotter::open(
         master.clone(),
         dir,
         resolved.snapshot.retention,
         snapshot_metrics.clone(),
     )
+    .map(|s| s.of_log(of_log))
     .map_err(|e| {
         StartError::Snapshot(format!(
             "cannot open the snapshot directory {}: {e}",
@@ -591,7 +601,10 @@ pub fn run_until_signal(config: MasterConfig, resolved: ResolvedConfig) -> i32 {
         if let Some(warning) = resolved.exposure_warning() {
             tracing::warn!("{warning}");
         }
-        let (initial, skipped, clean) = match crate::snapshot::load_at_start(&resolved.snapshot) {
+        // With the op-log the start loads the newest snapshot of the log itself.
+        let mut at_start = resolved.snapshot.clone();
+        at_start.restore &= resolved.oplog.is_none();
+        let (initial, skipped, clean) = match crate::snapshot::load_at_start(&at_start) {
             Ok(start) => (
                 start.loaded.map(|(_, state, options)| (state, options)),
                 Some(start.skipped),

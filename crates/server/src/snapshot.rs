@@ -18,8 +18,12 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use crate::config::SnapshotSettings;
+use crate::config::{OpLogSettings, SnapshotSettings};
 use crate::metrics::{counter, gauge, Histogram, SnapshotDurationBuckets};
+use crate::oplog::{connect_log, OpLogHandle, OpLogSlot};
+use mooncake_master::MasterServiceConfig;
+use mooncake_oplog::checkpoint::checkpoint;
+use mooncake_oplog::WriterHealth;
 
 /// For tests only: milliseconds every snapshot pauses after each chunk it writes, so that a test
 /// can act while a take is in progress (kill the process, outlast a call's deadline).
@@ -219,6 +223,25 @@ impl SnapshotMetrics {
     }
 }
 
+/// With `--enable_oplog`: snapshots are of the log, taken by the master that writes it.
+#[derive(Debug)]
+pub struct LogSnapshots {
+    /// This master's op-log, once it writes one (at start, or at promotion).
+    pub slot: Arc<OpLogSlot>,
+    pub settings: OpLogSettings,
+    /// The settings of the scratch master the log is folded on.
+    pub config: MasterServiceConfig,
+}
+
+impl LogSnapshots {
+    /// This master's op-log while it writes it (not fenced).
+    fn writer(&self) -> Option<&Arc<OpLogHandle>> {
+        self.slot
+            .get()
+            .filter(|h| h.sink().health() != WriterHealth::Fenced)
+    }
+}
+
 /// Writes snapshots of one master into one directory.
 #[derive(Debug)]
 pub struct Snapshotter {
@@ -227,6 +250,10 @@ pub struct Snapshotter {
     path: PathBuf,
     options: EncodeOptions,
     metrics: Arc<SnapshotMetrics>,
+    of_log: Option<LogSnapshots>,
+    /// One snapshot of the log at a time: a second one's follower could otherwise find batches
+    /// the first one's compaction deleted while it read.
+    log_takes: parking_lot::Mutex<()>,
 }
 
 impl Snapshotter {
@@ -252,7 +279,23 @@ impl Snapshotter {
             path: path.to_path_buf(),
             options,
             metrics,
+            of_log: None,
+            log_takes: parking_lot::Mutex::new(()),
         })
+    }
+
+    /// With the op-log: every take is a snapshot of the log's fold at the durable prefix,
+    /// followed by the log's compaction (docs/oplog.md, "Compaction"), instead of a walk of the
+    /// live master.
+    pub fn of_log(mut self, of_log: Option<LogSnapshots>) -> Self {
+        self.of_log = of_log;
+        self
+    }
+
+    /// False on a master with the op-log that does not write it (a standby, a leader that
+    /// stepped down): the periodic thread passes.
+    pub fn may_take(&self) -> bool {
+        self.of_log.as_ref().is_none_or(|l| l.writer().is_some())
     }
 
     /// The directory snapshots go to.
@@ -267,7 +310,11 @@ impl Snapshotter {
     /// Takes one snapshot now (waits for a take in progress first), logs and counts it.
     /// `why` names the trigger in the log line.
     pub fn take(&self, why: &str) -> Result<TakeReport, SnapshotError> {
-        match self.dir.take(&self.master, 0, &self.options) {
+        let taken = match &self.of_log {
+            Some(of_log) => self.take_of_log(of_log, why),
+            None => self.dir.take(&self.master, 0, &self.options),
+        };
+        match taken {
             Ok(report) => {
                 self.metrics.record_take(&report);
                 tracing::info!(
@@ -288,6 +335,56 @@ impl Snapshotter {
                 Err(error)
             }
         }
+    }
+
+    /// A snapshot of the log and the compaction after it, on a thread of its own with its own
+    /// runtime (callers may be on the RPC runtime or on none).
+    fn take_of_log(&self, of_log: &LogSnapshots, why: &str) -> Result<TakeReport, SnapshotError> {
+        let handle = of_log.writer().ok_or_else(|| {
+            SnapshotError::OpLog(
+                "this master does not write the op-log (a standby, or a leader that stepped \
+                 down): the leader takes the snapshots"
+                    .into(),
+            )
+        })?;
+        let _one_at_a_time = self.log_takes.lock();
+        let fence = handle.view_fence().cloned();
+        let run = || {
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .map_err(|e| format!("cannot start a runtime: {e}"))?;
+            runtime.block_on(async {
+                let log = connect_log(&of_log.settings).await?.with_fence(fence);
+                checkpoint(of_log.config.clone(), &log, &self.dir, &self.options).await
+            })
+        };
+        let done = std::thread::scope(|scope| {
+            std::thread::Builder::new()
+                .name("mc-snapshot-log".into())
+                .spawn_scoped(scope, run)
+                .map_err(|e| format!("cannot start the thread: {e}"))?
+                .join()
+                .unwrap_or_else(|_| Err("the snapshot of the log panicked".into()))
+        })
+        .map_err(SnapshotError::OpLog)?;
+        if !done.written {
+            tracing::info!(
+                "{why} snapshot: {} already includes the durable prefix (sequence {})",
+                done.report.path.display(),
+                done.prefix.last_seq
+            );
+        }
+        match (&done.compaction_error, done.floor) {
+            (Some(e), _) => tracing::warn!("{why} snapshot written, the log not compacted: {e}"),
+            (None, Some(floor)) => tracing::info!(
+                "op-log compacted: batches up to {} (sequence {}) deleted",
+                floor.batch_id,
+                floor.last_seq
+            ),
+            (None, None) => {}
+        }
+        Ok(done.report)
     }
 
     /// The snapshot of a clean shutdown, taken once the RPC and HTTP servers and the workers
@@ -333,7 +430,9 @@ impl PeriodicSnapshots {
             .spawn(move || loop {
                 match stopped.recv_timeout(period) {
                     Err(std::sync::mpsc::RecvTimeoutError::Timeout) => {
-                        let _ = snapshotter.take("periodic");
+                        if snapshotter.may_take() {
+                            let _ = snapshotter.take("periodic");
+                        }
                     }
                     _ => return,
                 }

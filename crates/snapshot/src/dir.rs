@@ -112,9 +112,25 @@ impl SnapshotDir {
         Ok(dir)
     }
 
+    /// The directory as it is, for loading only: nothing is created, probed or removed (a temp
+    /// file there may be another master's take in progress). A directory that does not exist
+    /// lists no snapshot.
+    pub fn open_for_loading(path: impl Into<PathBuf>) -> SnapshotDir {
+        SnapshotDir {
+            path: path.into(),
+            retention: 1,
+            last_id: Mutex::new(0),
+        }
+    }
+
     /// The directory.
     pub fn path(&self) -> &Path {
         &self.path
+    }
+
+    /// How many snapshots each take keeps.
+    pub fn retention(&self) -> usize {
+        self.retention
     }
 
     /// Takes a snapshot of `master` (see [`crate::write_snapshot`]) into a new file, then
@@ -243,7 +259,11 @@ impl SnapshotDir {
     /// The snapshot files, newest first (temp files and other names are ignored).
     pub fn list(&self) -> Result<Vec<(u64, PathBuf)>, SnapshotError> {
         let mut out = Vec::new();
-        for entry in fs::read_dir(&self.path)? {
+        let entries = match fs::read_dir(&self.path) {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(out),
+            other => other?,
+        };
+        for entry in entries {
             let entry = entry?;
             if let Some(id) = entry.file_name().to_str().and_then(id_of) {
                 out.push((id, entry.path()));
@@ -258,6 +278,15 @@ impl SnapshotDir {
     /// corrupt). `loaded` is `None` when none verifies. Fails only if the directory cannot be
     /// listed.
     pub fn load_newest(&self) -> Result<LoadOutcome, SnapshotError> {
+        self.load_newest_where(|_| true)
+    }
+
+    /// [`SnapshotDir::load_newest`] among the snapshots whose header `accept` takes: a file
+    /// that verifies but is not accepted is passed over (neither loaded nor skipped).
+    pub fn load_newest_where(
+        &self,
+        accept: impl Fn(&SnapshotMeta) -> bool,
+    ) -> Result<LoadOutcome, SnapshotError> {
         let mut skipped = Vec::new();
         for (id, path) in self.list()? {
             let decoded = fs::read(&path)
@@ -268,6 +297,7 @@ impl SnapshotDir {
                     let reason = format!("header says snapshot {}, the file name {id}", meta.id);
                     skipped.push((path, SnapshotError::corrupt(reason)));
                 }
+                Ok((meta, _)) if !accept(&meta) => {}
                 Ok((meta, state)) => {
                     let is_final = skipped.is_empty() && self.path.join(final_name(id)).exists();
                     return Ok(LoadOutcome {

@@ -23,6 +23,10 @@ pub enum SnapshotError {
         current = crate::FORMAT_VERSION
     )]
     UnsupportedVersion(u16),
+    /// A snapshot of the op-log could not be built or published (etcd, the log, the master that
+    /// does not write the log).
+    #[error("snapshot of the op-log: {0}")]
+    OpLog(String),
 }
 
 impl SnapshotError {
