@@ -32,11 +32,9 @@ pub async fn bootstrap<'a>(
     log: &EtcdLog,
     dir: Option<&SnapshotDir>,
 ) -> Result<Bootstrapped<'a>, String> {
-    let floor = log
-        .read_floor()
-        .await
-        .map_err(|e| format!("cannot read the op-log's compaction floor: {e}"))?;
-    let after_batch = floor.map_or(0, |f| f.batch_id);
+    let read = |e: crate::etcd::EtcdError| format!("cannot read the op-log's compaction keys: {e}");
+    let floor = log.read_floor().await.map_err(read)?;
+    let latest = log.read_latest().await.map_err(read)?;
     let floor_seq = floor.map_or(0, |f| f.last_seq);
     let loaded = match dir {
         Some(dir) => newest_of_the_log(dir)?,
@@ -79,6 +77,15 @@ pub async fn bootstrap<'a>(
         state.objects.len()
     );
     let objects = state.objects.len();
+    // The batch the snapshot ends with, when a published prefix names it: the follower reads
+    // from there, so a compaction running meanwhile (which deletes at most up to the newest
+    // published snapshot) cannot take a batch it still reads. Else from the floor on.
+    let after_batch = [latest, floor]
+        .into_iter()
+        .flatten()
+        .find(|p| p.last_seq == meta.oplog_position)
+        .or(floor)
+        .map_or(0, |p| p.batch_id);
     Ok(Bootstrapped {
         follower: LogFollower::at(master, after_batch, meta.oplog_position),
         snapshot: Some((path, meta, objects)),

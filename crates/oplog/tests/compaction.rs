@@ -5,7 +5,8 @@
 //!   up to the floor are gone, etcd holds only the batches after it (the key count stays bounded
 //!   over many cycles), and a master started afresh from the newest snapshot and the log after it
 //!   holds exactly the leader's state; a hot follower that keeps up is never cut off, one that
-//!   fell behind the floor halts loudly;
+//!   fell behind the floor halts loudly, one that started from the newest snapshot just before
+//!   a compaction does not;
 //! - with the log compacted, a start without a usable snapshot (none, all damaged, no directory)
 //!   fails loudly naming the compacted sequence, and a damaged newest snapshot falls back to the
 //!   older one, which the floor still covers.
@@ -177,6 +178,21 @@ async fn each_snapshot_cycle_deletes_the_batches_the_kept_snapshots_include() {
     let again = world.checkpoint().await;
     assert!(!again.written);
     assert_eq!(again.prefix, previous.unwrap());
+    // A start that loaded the newest snapshot just before the next compaction (which deletes
+    // every batch that snapshot includes) still follows the log after it.
+    let starting =
+        MasterService::new(MasterServiceConfig::default(), Arc::new(SystemClock::new())).unwrap();
+    let mut boot = bootstrap(&starting, &world.log, Some(&world.dir))
+        .await
+        .unwrap();
+    world.steps_durable(80);
+    let cp = world.checkpoint().await;
+    assert_eq!(
+        cp.floor, previous,
+        "the floor moved to the snapshot just loaded"
+    );
+    boot.follower.catch_up(&world.log).await.unwrap();
+    assert_eq!(starting.export_state(), world.w.master.export_state());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -20,9 +20,10 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use crate::config::{OpLogSettings, SnapshotSettings};
 use crate::metrics::{counter, gauge, Histogram, SnapshotDurationBuckets};
-use crate::oplog::{connect_log, OpLogSlot};
+use crate::oplog::{connect_log, OpLogHandle, OpLogSlot};
 use mooncake_master::MasterServiceConfig;
 use mooncake_oplog::checkpoint::checkpoint;
+use mooncake_oplog::WriterHealth;
 
 /// For tests only: milliseconds every snapshot pauses after each chunk it writes, so that a test
 /// can act while a take is in progress (kill the process, outlast a call's deadline).
@@ -232,6 +233,15 @@ pub struct LogSnapshots {
     pub config: MasterServiceConfig,
 }
 
+impl LogSnapshots {
+    /// This master's op-log while it writes it (not fenced).
+    fn writer(&self) -> Option<&Arc<OpLogHandle>> {
+        self.slot
+            .get()
+            .filter(|h| h.sink().health() != WriterHealth::Fenced)
+    }
+}
+
 /// Writes snapshots of one master into one directory.
 #[derive(Debug)]
 pub struct Snapshotter {
@@ -241,6 +251,9 @@ pub struct Snapshotter {
     options: EncodeOptions,
     metrics: Arc<SnapshotMetrics>,
     of_log: Option<LogSnapshots>,
+    /// One snapshot of the log at a time: a second one's follower could otherwise find batches
+    /// the first one's compaction deleted while it read.
+    log_takes: parking_lot::Mutex<()>,
 }
 
 impl Snapshotter {
@@ -267,6 +280,7 @@ impl Snapshotter {
             options,
             metrics,
             of_log: None,
+            log_takes: parking_lot::Mutex::new(()),
         })
     }
 
@@ -278,10 +292,10 @@ impl Snapshotter {
         self
     }
 
-    /// False on a master with the op-log that does not write it (a standby): the periodic
-    /// thread passes.
+    /// False on a master with the op-log that does not write it (a standby, a leader that
+    /// stepped down): the periodic thread passes.
     pub fn may_take(&self) -> bool {
-        self.of_log.as_ref().is_none_or(|l| l.slot.get().is_some())
+        self.of_log.as_ref().is_none_or(|l| l.writer().is_some())
     }
 
     /// The directory snapshots go to.
@@ -326,13 +340,14 @@ impl Snapshotter {
     /// A snapshot of the log and the compaction after it, on a thread of its own with its own
     /// runtime (callers may be on the RPC runtime or on none).
     fn take_of_log(&self, of_log: &LogSnapshots, why: &str) -> Result<TakeReport, SnapshotError> {
-        let handle = of_log.slot.get().ok_or_else(|| {
+        let handle = of_log.writer().ok_or_else(|| {
             SnapshotError::OpLog(
-                "this master does not write the op-log (a standby): the leader takes the \
-                 snapshots"
+                "this master does not write the op-log (a standby, or a leader that stepped \
+                 down): the leader takes the snapshots"
                     .into(),
             )
         })?;
+        let _one_at_a_time = self.log_takes.lock();
         let fence = handle.view_fence().cloned();
         let run = || {
             let runtime = tokio::runtime::Builder::new_current_thread()

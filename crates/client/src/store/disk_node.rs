@@ -4,6 +4,7 @@
 
 use std::sync::atomic::Ordering;
 use std::sync::{Arc, Weak};
+use std::time::Instant;
 
 use bytes::BytesMut;
 use mooncake_common::disk::split_storage_key;
@@ -11,6 +12,7 @@ use mooncake_common::{storage_key, DiskObject, ErrorCode};
 use mooncake_proto::methods::{self as m, Method};
 use mooncake_proto::{decode, encode_into, Limits, Reply};
 use mooncake_rpc::{Handler, HandlerError, RpcServer, ServerConfig};
+use tokio::task::JoinSet;
 
 use super::disk::DiskTier;
 use super::{Inner, StoreClient, StoreError};
@@ -266,48 +268,64 @@ fn evicted(inner: &Weak<Inner>, runtime: &tokio::runtime::Handle, keys: &[String
     }
 }
 
-/// The offload heartbeat: take tasks, write them, answer them; at once again while tasks come,
-/// else after `offload_interval`. Re-mounts the disk when the master lost it.
+/// Offload batches a node writes at once. Each is one `put_batch` (its writes, then its own
+/// `fdatasync`) answered only once that returned, so two in flight overlap one batch's sync
+/// (device time) with the next batch's checksum and copy (CPU time) without weakening what an
+/// acknowledged task means.
+const OFFLOAD_WRITES_IN_FLIGHT: usize = 2;
+
+/// The offload heartbeat: take tasks, write them, answer them; at once again while tasks come
+/// (up to [`OFFLOAD_WRITES_IN_FLIGHT`] batches being written), else after `offload_interval`.
+/// Disk drops and promotions run between batches, with no offload write in flight (a record
+/// deleted after a newer offload of its key would lose the newer). Re-mounts the disk when the
+/// master lost it.
 async fn offload_loop(inner: Weak<Inner>) {
+    let mut writes: JoinSet<()> = JoinSet::new();
+    let mut last_drops: Option<Instant> = None;
     loop {
-        let Some(strong) = inner.upgrade() else {
+        let open = inner
+            .upgrade()
+            .filter(|s| !s.closed.load(Ordering::Acquire))
+            .and_then(|s| Some((s.disk.clone()?, s)));
+        let Some((disk, strong)) = open else {
+            // Closing: the batches being written are answered first.
+            while writes.join_next().await.is_some() {}
             return;
         };
-        if strong.closed.load(Ordering::Acquire) {
-            return;
-        }
         let client = StoreClient {
             inner: strong,
             heartbeat: Default::default(),
         };
-        let Some(disk) = client.inner.disk.clone() else {
-            return;
-        };
         let interval = disk.config().offload_interval;
-        // Drops first: a record deleted after a newer offload of its key would lose the newer.
-        if let Err(error) = client.drop_once(&disk).await {
-            tracing::debug!(%error, "disk drop heartbeat failed");
+        if writes.is_empty() || last_drops.is_none_or(|at| at.elapsed() >= interval) {
+            // Drops first: wait for the batches being written.
+            while writes.join_next().await.is_some() {}
+            if let Err(error) = client.drop_once(&disk).await {
+                tracing::debug!(%error, "disk drop heartbeat failed");
+            }
+            if let Err(error) = client.promote_once(&disk).await {
+                tracing::debug!(%error, "promotion heartbeat failed");
+            }
+            last_drops = Some(Instant::now());
         }
-        if let Err(error) = client.promote_once(&disk).await {
-            tracing::debug!(%error, "promotion heartbeat failed");
-        }
-        let busy = match client.offload_once(&disk).await {
-            // Tasks came: ask again at once (more are likely queued behind them); sleep only
-            // once the mailbox is empty.
-            Ok(n) => n > 0,
+        let took = match client.start_offload(&disk, &mut writes).await {
+            Ok(n) => n,
             Err(StoreError::Master(MasterError::Master(ErrorCode::SEGMENT_NOT_FOUND))) => {
                 if let Err(error) = client.mount_disk().await {
                     tracing::warn!(%error, "re-mounting the disk failed");
                 }
-                false
+                0
             }
             Err(error) => {
                 tracing::debug!(%error, "offload heartbeat failed");
-                false
+                0
             }
         };
         drop(client);
-        if !busy {
+        if writes.len() >= OFFLOAD_WRITES_IN_FLIGHT || (took == 0 && !writes.is_empty()) {
+            // More tasks gather at the master while a batch is written: ask again once it is.
+            writes.join_next().await;
+        } else if took == 0 {
             tokio::time::sleep(interval).await;
         }
     }
@@ -357,8 +375,13 @@ impl StoreClient {
         Ok(n)
     }
 
-    /// One offload step; returns how many tasks it handled.
-    async fn offload_once(&self, disk: &Arc<DiskTier>) -> Result<usize, StoreError> {
+    /// Takes offload tasks and starts writing them (on a blocking thread) and answering them
+    /// (NotifyOffload) in `writes`; returns how many tasks it took.
+    async fn start_offload(
+        &self,
+        disk: &Arc<DiskTier>,
+        writes: &mut JoinSet<()>,
+    ) -> Result<usize, StoreError> {
         let tasks = self
             .inner
             .master
@@ -371,19 +394,25 @@ impl StoreClient {
         if tasks.is_empty() {
             return Ok(0);
         }
+        let n = tasks.len();
         let segments = self.segment_memory();
         let writer = disk.clone();
-        let n = tasks.len();
-        let outcomes = tokio::task::spawn_blocking(move || writer.offload(&tasks, &segments))
-            .await
-            .map_err(|e| StoreError::InvalidParams(format!("offload worker: {e}")))?;
-        self.inner
-            .master
-            .call(&m::NotifyOffload {
-                client: self.client_id(),
-                outcomes,
-            })
-            .await?;
+        let inner = self.inner.clone();
+        let client = self.client_id();
+        writes.spawn(async move {
+            let outcomes =
+                tokio::task::spawn_blocking(move || writer.offload(&tasks, &segments)).await;
+            let outcomes = match outcomes {
+                Ok(outcomes) => outcomes,
+                // A task never answered keeps its pin until the node expires (the master counts
+                // it dropped then).
+                Err(error) => return tracing::warn!(%error, "offload worker failed"),
+            };
+            let answer = m::NotifyOffload { client, outcomes };
+            if let Err(error) = inner.master.call(&answer).await {
+                tracing::warn!(%error, "answering offload tasks failed");
+            }
+        });
         Ok(n)
     }
 }

@@ -193,9 +193,16 @@ pub fn record_blocks(key_len: u64, value_len: u64) -> u64 {
     head_blocks(key_len) + value_blocks(value_len)
 }
 
-/// CRC32C of `key ‖ value`, as stored in [`RecordHeader::data_crc`].
+/// CRC32C of `key ‖ value`, as stored in [`RecordHeader::data_crc`]. Computed with `crc-fast`
+/// (VPCLMULQDQ folding where the CPU has it, about twice the `crc32c` crate's SSE4.2 loop on
+/// 1 MiB values): every put and every read of a value pays it, so it is the backend's largest
+/// CPU cost per byte after the copy itself. Same CRC32C (Castagnoli) value either way.
 pub fn data_crc(key: &[u8], value: &[u8]) -> u32 {
-    crc32c::crc32c_append(crc32c::crc32c(key), value)
+    let mut digest = crc_fast::Digest::new(crc_fast::CrcAlgorithm::Crc32Iscsi);
+    digest.update(key);
+    digest.update(value);
+    // CRC-32 values fit 32 bits.
+    digest.finalize() as u32
 }
 
 /// Encodes a whole record (header, key, padding, value, padding) into one buffer. Used by tests
@@ -390,6 +397,18 @@ mod tests {
     #[test]
     fn crc32c_is_castagnoli() {
         assert_eq!(crc32c::crc32c(b"123456789"), 0xe306_9283);
+    }
+
+    #[test]
+    fn data_crc_is_crc32c_of_key_then_value() {
+        let bytes: Vec<u8> = (0..200_000u32)
+            .map(|i| i.wrapping_mul(2_654_435_761) as u8)
+            .collect();
+        for (k, v) in [(0usize, 0usize), (1, 0), (3, 1), (17, 4096), (64, 199_000)] {
+            let (key, value) = (&bytes[..k], &bytes[k..k + v]);
+            let expected = crc32c::crc32c_append(crc32c::crc32c(key), value);
+            assert_eq!(data_crc(key, value), expected, "key {k} value {v}");
+        }
     }
 
     #[test]
