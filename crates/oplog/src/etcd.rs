@@ -57,6 +57,14 @@ pub enum EtcdError {
     Invalid(String),
 }
 
+/// Most batches one [`EtcdLog::read_batches`] call returns: a batch is at most
+/// [`crate::batch::MAX_ENTRY_BYTES`] of entries plus 44 bytes, so a full read stays below
+/// [`MAX_RESPONSE_BYTES`].
+pub const MAX_BATCHES_PER_READ: i64 = 64;
+/// The largest etcd answer the log's client accepts (gRPC's default is 4 MiB: four batches of a
+/// busy leader did not fit, and a follower could never read past them).
+pub const MAX_RESPONSE_BYTES: usize = 80 << 20;
+
 /// The op-log's keys in one etcd cluster.
 #[derive(Clone)]
 pub struct EtcdLog {
@@ -115,7 +123,9 @@ impl EtcdLog {
             .map_err(|_| unavailable("connect timed out"))?
             .map_err(unavailable)?;
         Ok(EtcdLog {
-            kv: client.kv_client(),
+            kv: client
+                .kv_client()
+                .max_decoding_message_size(MAX_RESPONSE_BYTES),
             root,
             timeout,
             fence: None,
@@ -285,7 +295,8 @@ impl EtcdLog {
         Err(EtcdError::Fenced { expected, found })
     }
 
-    /// Up to `limit` batches with ids above `after`, in id order: `(batch id, bytes)`.
+    /// Up to `limit` (at most [`MAX_BATCHES_PER_READ`]) batches with ids above `after`, in id
+    /// order: `(batch id, bytes)`.
     pub async fn read_batches(
         &self,
         after: u64,
@@ -293,6 +304,7 @@ impl EtcdLog {
     ) -> Result<Vec<(u64, Vec<u8>)>, EtcdError> {
         let from = self.batch_key(after.saturating_add(1));
         let to = format!("{}batches0", self.root); // '0' follows '/'
+        let limit = limit.clamp(1, MAX_BATCHES_PER_READ);
         let options = GetOptions::new().with_range(to).with_limit(limit);
         let mut kv = self.kv.clone();
         let r = self.timed(kv.get(from, Some(options))).await?;

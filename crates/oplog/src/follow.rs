@@ -5,11 +5,8 @@
 
 use mooncake_master::MasterService;
 
-use crate::etcd::{EtcdError, EtcdLog, Prefix};
+use crate::etcd::{EtcdError, EtcdLog, Prefix, MAX_BATCHES_PER_READ};
 use crate::Replayer;
-
-/// Batches read per etcd call.
-const READ_BATCHES: i64 = 256;
 
 /// Why a follower of the log stopped.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -111,7 +108,9 @@ impl<'a> LogFollower<'a> {
             ));
         }
         while self.batch_id < prefix.batch_id {
-            let batches = log.read_batches(self.batch_id, READ_BATCHES).await?;
+            let batches = log
+                .read_batches(self.batch_id, MAX_BATCHES_PER_READ)
+                .await?;
             let first = batches.first().map(|(id, _)| *id);
             if first != Some(self.batch_id + 1) {
                 return halt(self.missing(log, first).await);

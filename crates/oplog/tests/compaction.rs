@@ -7,6 +7,8 @@
 //!   holds exactly the leader's state; a hot follower that keeps up is never cut off, one that
 //!   fell behind the floor halts loudly, one that started from the newest snapshot just before
 //!   a compaction does not;
+//! - batches near the size limit (a busy leader's group commits) are read back: more of them
+//!   than gRPC's default 4 MiB answer holds;
 //! - a compaction whose fence no longer holds (another master leads) deletes nothing;
 //! - with the log compacted, a start without a usable snapshot (none, all damaged, no directory)
 //!   fails loudly naming the compacted sequence, and a damaged newest snapshot falls back to the
@@ -21,13 +23,14 @@ use std::time::Duration;
 
 use common::*;
 use mooncake_common::SystemClock;
-use mooncake_master::{MasterService, MasterServiceConfig};
+use mooncake_master::{MasterService, MasterServiceConfig, Mutation, MutationObserver};
 use mooncake_oplog::checkpoint::{bootstrap, checkpoint, Checkpoint};
 use mooncake_oplog::election::Fence;
 use mooncake_oplog::etcd::EtcdError;
 use mooncake_oplog::etcd::{oplog_root, EtcdLog, Prefix};
 use mooncake_oplog::follow::{FollowError, LogFollower};
 use mooncake_oplog::test_etcd::EtcdServer;
+use mooncake_oplog::{batch, OpLogSink};
 use mooncake_oplog::{OpLogWriter, WriterConfig};
 use mooncake_snapshot::{EncodeOptions, SnapshotDir};
 
@@ -257,4 +260,39 @@ async fn a_compaction_whose_fence_no_longer_holds_deletes_nothing() {
     world.log.compact(prefix, None, Some(prefix)).await.unwrap();
     assert_eq!(world.first_batch().await, None);
     assert_eq!(world.log.read_floor().await.unwrap(), Some(prefix));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_reads_batches_near_the_size_limit() {
+    let etcd = EtcdServer::start();
+    let log = EtcdLog::connect(&[etcd.endpoint()], oplog_root("big"), CALL_TIMEOUT)
+        .await
+        .unwrap();
+    let sink = OpLogSink::new(0);
+    let mut prefix: Option<Prefix> = None;
+    // Ten batches of ~960 KiB each: 16 erasures of 60 KB keys.
+    for b in 0..10u64 {
+        for i in 0..16 {
+            sink.observe(&Mutation::Erase {
+                tenant: None,
+                key: format!("{b}-{i}-{}", "k".repeat(60_000)),
+            });
+        }
+        let t = sink.take(Duration::from_millis(10)).unwrap();
+        assert_eq!(t.count, 16, "one batch per round");
+        let id = prefix.map_or(1, |p| p.batch_id + 1);
+        let bytes = batch::seal(id, 1, t.first_seq, t.count, &t.entries);
+        assert!(bytes.len() > 900_000);
+        let next = Prefix {
+            batch_id: id,
+            last_seq: t.last_seq(),
+        };
+        log.commit(prefix, next, &bytes).await.unwrap();
+        sink.mark_durable(next.last_seq);
+        prefix = Some(next);
+    }
+    let standby = empty_master();
+    let mut follower = LogFollower::new(&standby);
+    assert_eq!(follower.catch_up(&log).await.unwrap(), prefix);
+    assert_eq!(follower.applied_seq(), 160);
 }
