@@ -131,7 +131,10 @@ async fn each_snapshot_cycle_deletes_the_batches_the_kept_snapshots_include() {
     let mut previous: Option<Prefix> = None;
     let mut most_keys = 0;
     for cycle in 0..8 {
-        world.steps_durable(80);
+        // Several batches per cycle (the writer gathers whatever is queued into one batch).
+        for _ in 0..8 {
+            world.steps_durable(10);
+        }
         let cp = world.checkpoint().await;
         assert!(
             cp.written,
