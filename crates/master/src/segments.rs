@@ -233,6 +233,16 @@ impl Segments {
         }
     }
 
+    /// Whether a mounted segment (not waiting for its owner) is large enough for a replica of
+    /// `bytes` when empty: no eviction can make room for a larger one.
+    pub fn some_segment_holds(&self, bytes: u64) -> bool {
+        self.mounted
+            .values()
+            .filter(|s| s.waiting_until_ms.is_none())
+            .filter_map(|s| s.allocator.as_ref())
+            .any(|a| a.capacity() >= bytes)
+    }
+
     /// Upstream's ReMount (see `remount_segments`). Returns the ids it mounted afresh (on error
     /// those are rolled back and nothing is mounted).
     pub fn remount(
