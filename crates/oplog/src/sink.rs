@@ -58,6 +58,15 @@ impl Taken {
 /// of costing a transaction of its own.
 pub const LINGER: Duration = Duration::from_millis(5);
 
+/// After a batch of more than [`BUSY_BATCH`] entries (many callers pipelining), a batch a reply
+/// waits for is cut once it is as large as the previous one or its oldest entry is this old, so
+/// that the callers answered by the previous commit join the next batch instead of one commit
+/// taking the first of them alone and the rest waiting a commit more.
+pub const COALESCE: Duration = Duration::from_millis(1);
+
+/// See [`COALESCE`]: a batch this small (one caller's put) is cut as soon as a reply waits.
+pub const BUSY_BATCH: usize = 32;
+
 #[derive(Debug)]
 struct Queue {
     next_seq: u64,
@@ -66,6 +75,8 @@ struct Queue {
     bytes: usize,
     /// When the oldest queued entry was queued (`None` while empty).
     oldest: Option<Instant>,
+    /// Entries in the writer's previous batch.
+    last_batch: usize,
 }
 
 /// The op-log of one leader (see the module doc). Install it with
@@ -99,6 +110,7 @@ impl OpLogSink {
                 entries: VecDeque::new(),
                 bytes: 0,
                 oldest: None,
+                last_batch: 0,
             }),
             has_entries: Condvar::new(),
             assigned: AtomicU64::new(last_durable_seq),
@@ -240,8 +252,9 @@ impl OpLogSink {
 
     /// Takes the queued entries for the next batch (at most [`MAX_ENTRY_BYTES`] of entries
     /// and [`MAX_ENTRIES`] entries, never fewer than one), waiting at most `wait` for one. The
-    /// batch is cut as soon as a reply waits for a queued entry, a batch is full, or the oldest
-    /// entry has been queued for [`LINGER`]; until then more entries may join it.
+    /// batch is cut as soon as a reply waits for a queued entry (after a busy batch: see
+    /// [`COALESCE`]), a batch is full, or the oldest entry has been queued for [`LINGER`]; until
+    /// then more entries may join it.
     pub fn take(&self, wait: Duration) -> Option<Taken> {
         let deadline = Instant::now() + wait;
         let mut q = self.queue.lock();
@@ -254,9 +267,17 @@ impl OpLogSink {
                 continue;
             };
             let first = q.next_seq - q.entries.len() as u64;
-            let due = oldest + LINGER;
             let full = q.bytes >= MAX_ENTRY_BYTES || q.entries.len() >= MAX_ENTRIES as usize;
-            if full || self.wanted.load(Ordering::Acquire) >= first || Instant::now() >= due {
+            let waited_for = self.wanted.load(Ordering::Acquire) >= first;
+            let busy = q.last_batch > BUSY_BATCH && q.entries.len() < q.last_batch;
+            let due = if waited_for && busy {
+                oldest + COALESCE
+            } else if waited_for {
+                break;
+            } else {
+                oldest + LINGER
+            };
+            if full || Instant::now() >= due {
                 break;
             }
             let _ = self.has_entries.wait_until(&mut q, due);
@@ -274,6 +295,7 @@ impl OpLogSink {
             count += 1;
         }
         q.bytes -= entries.len();
+        q.last_batch = count as usize;
         if q.entries.is_empty() {
             q.oldest = None;
         }
