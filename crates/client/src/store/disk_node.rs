@@ -270,8 +270,8 @@ fn evicted(inner: &Weak<Inner>, runtime: &tokio::runtime::Handle, keys: &[String
 
 /// The offload heartbeat: take tasks, write them, answer them; at once again while tasks come
 /// (up to `offload_writes` batches being written), else after `offload_interval`. Each batch is
-/// one `put_batch` (its writes, then its own `fdatasync`) answered only once that returned, so
-/// two in flight overlap one batch's sync (device time) with the next batch's checksum and copy
+/// one `put_batch` (its writes, then its own `fdatasync`) answered only once that returned; with
+/// two in flight one batch's sync (device time) overlaps the next batch's checksum and copy
 /// (CPU time) without weakening what an acknowledged task means.
 /// Disk drops and promotions run between batches, with no offload write in flight (a record
 /// deleted after a newer offload of its key would lose the newer). Re-mounts the disk when the
