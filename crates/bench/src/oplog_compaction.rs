@@ -4,14 +4,19 @@
 //! case also gives it a snapshot directory and periodic snapshots. Clients put new 1 KiB
 //! objects (PutStart+PutEnd, 16 connections × 16 in flight) until the count is reached. Then
 //! the keys under the log, etcd's database size and the part of it in use, and the size after a
-//! defragmentation.
+//! defragmentation; in the compaction case, the time of one more snapshot of the log taken in
+//! this process as the master takes it.
 
+use std::path::Path;
 use std::rc::Rc;
 use std::time::{Duration, Instant};
 
+use mooncake_master::MasterServiceConfig;
+use mooncake_oplog::checkpoint::checkpoint;
 use mooncake_oplog::etcd::{oplog_root, EtcdLog};
 use mooncake_oplog::test_etcd::EtcdServer;
 use mooncake_rpc::ClientConfig;
+use mooncake_snapshot::{EncodeOptions, SnapshotDir};
 
 use crate::master::{drive, setup, MasterChild, Op};
 
@@ -49,6 +54,8 @@ struct Row {
     db: i64,
     in_use: i64,
     defragmented: i64,
+    /// The time of one snapshot of the log (compaction case).
+    snapshot: Option<String>,
 }
 
 /// Puts new objects on `connections` connections until `puts` are done; returns the count.
@@ -75,7 +82,36 @@ async fn put_until(master: &MasterChild, args: &Args) -> anyhow::Result<usize> {
     Ok(done)
 }
 
-async fn run_case(flags: &[String], etcd: &EtcdServer, args: &Args) -> anyhow::Result<Row> {
+/// One more snapshot of the log, in this process, as the master takes it: the newest snapshot
+/// loaded, the log after it replayed, the fold written, the log compacted. Returns its line.
+async fn time_one_snapshot(log: &EtcdLog, dir: &Path) -> anyhow::Result<String> {
+    let dir = SnapshotDir::open(dir, 2)?;
+    let started = Instant::now();
+    let done = checkpoint(
+        MasterServiceConfig::default(),
+        log,
+        &dir,
+        &EncodeOptions::default(),
+    )
+    .await
+    .map_err(anyhow::Error::msg)?;
+    Ok(format!(
+        "one more snapshot of the log after the run: {:.2} s wall ({} objects, {} bytes; the \
+         newest snapshot loaded, the log after it replayed up to batch {}, the fold written, \
+         the log compacted)",
+        started.elapsed().as_secs_f64(),
+        done.report.objects,
+        done.report.bytes,
+        done.prefix.batch_id
+    ))
+}
+
+async fn run_case(
+    flags: &[String],
+    snapshots: Option<&Path>,
+    etcd: &EtcdServer,
+    args: &Args,
+) -> anyhow::Result<Row> {
     let master = MasterChild::start(flags)?;
     let started = Instant::now();
     let puts = put_until(&master, args).await?;
@@ -93,6 +129,10 @@ async fn run_case(flags: &[String], etcd: &EtcdServer, args: &Args) -> anyhow::R
     let (db, in_use) = etcd.db_size().await;
     etcd.defragment().await;
     let (defragmented, _) = etcd.db_size().await;
+    let snapshot = match snapshots {
+        Some(dir) => Some(time_one_snapshot(&log, dir).await?),
+        None => None,
+    };
     Ok(Row {
         puts,
         seconds,
@@ -102,6 +142,7 @@ async fn run_case(flags: &[String], etcd: &EtcdServer, args: &Args) -> anyhow::R
         db,
         in_use,
         defragmented,
+        snapshot,
     })
 }
 
@@ -126,8 +167,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         format!("--cluster_id={CLUSTER}"),
         format!("--oplog_ack={}", args.ack),
     ];
+    let snapshots = tmp.path().join("snapshots");
     let compaction = vec![
-        format!("--snapshot_dir={}", tmp.path().join("snapshots").display()),
+        format!("--snapshot_dir={}", snapshots.display()),
         "--enable_snapshot".into(),
         format!("--snapshot_interval_seconds={}", args.snapshot_seconds),
     ];
@@ -145,15 +187,19 @@ pub fn run(args: Args) -> anyhow::Result<()> {
         "inuse_MiB",
         "defrag_MiB"
     );
-    for (label, extra) in [
-        ("no compaction", Vec::new()),
-        ("compaction (snapshot every N s)", compaction),
+    for (label, extra, dir) in [
+        ("no compaction", Vec::new(), None),
+        (
+            "compaction (snapshot every N s)",
+            compaction,
+            Some(snapshots.as_path()),
+        ),
     ] {
         let etcd = EtcdServer::start();
         let mut flags = base.clone();
         flags.push(format!("--etcd_endpoints={}", etcd.endpoint()));
         flags.extend(extra);
-        let row = local.block_on(&runtime, run_case(&flags, &etcd, &args))?;
+        let row = local.block_on(&runtime, run_case(&flags, dir, &etcd, &args))?;
         println!(
             "{:<34} {:>9} {:>7.1} {:>8.0} {:>9} {:>9} {:>8} {:>9.1} {:>9.1} {:>9.1}",
             label.replace('N', &args.snapshot_seconds.to_string()),
@@ -167,6 +213,9 @@ pub fn run(args: Args) -> anyhow::Result<()> {
             row.in_use as f64 / MIB,
             row.defragmented as f64 / MIB,
         );
+        if let Some(line) = row.snapshot {
+            println!("  {line}");
+        }
     }
     println!();
     println!(

@@ -214,6 +214,12 @@ fn while_etcd_is_down_writes_fail_retryably_reads_work_and_service_resumes_by_it
     kill(master);
 }
 
+fn http_get(addr: std::net::SocketAddr, path: &str) -> String {
+    let (status, body) = common::http("GET", addr, path, b"");
+    assert_eq!(status, 200, "{path}: {body}");
+    body
+}
+
 /// Puts `n` objects named `{prefix}{i}`, removing every fourth: (kept, removed).
 async fn put_and_remove(
     c: &StoreClient,
@@ -272,6 +278,23 @@ fn a_master_restarted_after_compaction_starts_from_the_newest_snapshot_and_the_l
         .block_on(log.read_floor())
         .unwrap()
         .expect("a compaction floor");
+    let metrics = http_get(master.metrics, "/metrics");
+    for line in [
+        "mooncake_rs_oplog_compactions_total 4".to_string(),
+        format!(
+            "mooncake_rs_oplog_compaction_floor_batch {}",
+            floor.batch_id
+        ),
+        format!(
+            "mooncake_rs_oplog_compaction_floor_sequence {}",
+            floor.last_seq
+        ),
+    ] {
+        assert!(
+            metrics.lines().any(|l| l == line),
+            "{line} not in\n{metrics}"
+        );
+    }
     let first = rt.block_on(log.read_batches(0, 1)).unwrap();
     assert_eq!(first.first().map(|(id, _)| *id), Some(floor.batch_id + 1));
     // Acknowledged after the last snapshot: only in the log.

@@ -158,7 +158,7 @@ async fn missing_keys_full_stores_and_small_buffers_get_clear_errors() {
     a.put("small", &pattern(1000, 3), &cfg).await.unwrap();
     let mut buf = vec![0u8; 10];
     let err = a.get_into("small", &mut buf).await.unwrap_err();
-    assert!(matches!(err, StoreError::BufferTooSmall { .. }));
+    assert!(matches!(err, StoreError::BufferTooSmall { .. }), "{err:?}");
     let mut buf = vec![0u8; 4096];
     assert_eq!(a.get_into("small", &mut buf).await.unwrap(), 1000);
     assert_eq!(&buf[..1000], &pattern(1000, 3)[..]);

@@ -21,11 +21,13 @@
 use std::collections::{BTreeMap, BTreeSet};
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::{Arc, OnceLock, Weak};
 
 use mooncake_common::{ErrorCode, SegmentId};
 use parking_lot::Mutex;
 use thiserror::Error;
+
+use crate::mutation::ObserverSlot;
 
 /// What the transfer side needs to know about the segment an allocator carves.
 #[derive(Debug, Clone)]
@@ -145,6 +147,8 @@ pub struct SegmentAllocator {
     used_bytes: AtomicU64,
     /// Number of live buffers; same discipline.
     live_buffers: AtomicU64,
+    /// Where freed space is reported (set when the allocator joins a master's segments).
+    frees: OnceLock<ObserverSlot>,
 }
 
 impl fmt::Debug for SegmentAllocator {
@@ -170,6 +174,7 @@ impl SegmentAllocator {
             free: Mutex::new(free),
             used_bytes: AtomicU64::new(0),
             live_buffers: AtomicU64::new(0),
+            frees: OnceLock::new(),
         })
     }
 
@@ -219,6 +224,7 @@ impl SegmentAllocator {
             free: Mutex::new(free),
             used_bytes: AtomicU64::new(used),
             live_buffers: AtomicU64::new(live.len() as u64),
+            frees: OnceLock::new(),
         });
         let weak = Arc::downgrade(&allocator);
         let handles = live
@@ -305,6 +311,7 @@ impl SegmentAllocator {
         }
         ranges.sort_unstable();
         let total: u64 = ranges.iter().map(|r| r.1).sum();
+        self.report_freed();
         let mut free = self.free.lock();
         let (mut start, mut len) = ranges[0];
         for &(o, l) in &ranges[1..] {
@@ -322,10 +329,25 @@ impl SegmentAllocator {
     }
 
     fn release(&self, offset: u64, len: u64) {
+        self.report_freed();
         let mut free = self.free.lock();
         free.give_back(offset, len);
         self.used_bytes.fetch_sub(len, Ordering::Relaxed);
         self.live_buffers.fetch_sub(1, Ordering::Relaxed);
+    }
+
+    /// Reports the space this allocator frees from now on to `slot`'s observer (once; later
+    /// calls change nothing).
+    pub(crate) fn report_frees_to(&self, slot: &ObserverSlot) {
+        let _ = self.frees.set(slot.clone());
+    }
+
+    /// Before a range goes back to the free list, so that an allocation that takes it happens
+    /// after the report (the op-log then holds its space back until the removal is durable).
+    fn report_freed(&self) {
+        if let Some(slot) = self.frees.get() {
+            slot.space_freed();
+        }
     }
 
     pub fn info(&self) -> &SegmentInfo {

@@ -3,7 +3,8 @@
 //! segments and objects is `liveness.rs`.
 //!
 //! A client becomes known by Ping, MountSegment or ReMountSegment, each of which pushes its id onto
-//! the queue. [`ClientMonitor::expire`] drains the queue into `deadline = now + ttl` and returns
+//! the queue, or by starting a put or upsert ([`ClientMonitor::track`]): a writer that dies
+//! before its first Ping is expired like any other, and its puts in flight are reaped with it. [`ClientMonitor::expire`] drains the queue into `deadline = now + ttl` and returns
 //! (and forgets) the clients whose deadline has passed.
 
 use std::collections::{HashMap, VecDeque};
@@ -48,6 +49,15 @@ impl ClientMonitor {
             deadlines.remove(c);
         }
         expired
+    }
+
+    /// Starts tracking `client` with the deadline a heartbeat now would give it, unless it has a
+    /// deadline already (which stays: only heartbeats extend it).
+    pub fn track(&self, client: ClientId, now_ms: u64, ttl_ms: u64) {
+        self.deadlines
+            .lock()
+            .entry(client)
+            .or_insert(now_ms.saturating_add(ttl_ms));
     }
 
     /// Number of clients with a deadline.

@@ -607,12 +607,7 @@ impl MasterService {
 
     /// Whether some mounted segment is at least `bytes` long (else no eviction can make room).
     fn some_segment_holds(&self, bytes: u64) -> bool {
-        let segs = self.segments.inner.read();
-        segs.mounted
-            .values()
-            .filter(|s| s.waiting_until_ms.is_none())
-            .filter_map(|s| s.allocator.as_ref())
-            .any(|a| a.capacity() >= bytes)
+        self.segments.inner.read().some_segment_holds(bytes)
     }
 
     /// Tenant-scoped eviction for a quota deficit: evicts the tenant's oldest unpinned candidates

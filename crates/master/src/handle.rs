@@ -6,7 +6,7 @@
 
 use std::fmt;
 use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use mooncake_common::{Clock, ErrorCode, ReplicaId};
 use parking_lot::{Mutex, RwLock};
@@ -16,7 +16,7 @@ use crate::clients::ClientMonitor;
 use crate::config::{ConfigError, MasterServiceConfig};
 use crate::deferred::{DiscardedList, SoftPinQueue};
 use crate::index::{key_hash, routed, Index, Tenant};
-use crate::mutation::MutationObserver;
+use crate::mutation::{MutationObserver, ObserverSlot};
 use crate::quota::QuotaTable;
 use crate::rng::MasterRng;
 use crate::routes::Routes;
@@ -43,7 +43,7 @@ pub struct MasterService {
     /// Every random choice draws from here (placement, batch start shard, task ids).
     pub(crate) rng: MasterRng,
     /// Sees every mutation (see `mutation.rs`); unset = nothing is built.
-    pub(crate) observer: OnceLock<Arc<dyn MutationObserver>>,
+    pub(crate) observer: ObserverSlot,
     pub(crate) index: Index,
     pub(crate) segments: SegmentManager,
     pub(crate) next_replica_id: AtomicU64,
@@ -118,13 +118,14 @@ impl MasterService {
         rng: MasterRng,
     ) -> Result<Self, ConfigError> {
         config.validate()?;
+        let observer = ObserverSlot::default();
         Ok(MasterService {
             config,
             clock,
             rng,
-            observer: OnceLock::new(),
+            segments: SegmentManager::observed_by(observer.clone()),
+            observer,
             index: Index::default(),
-            segments: SegmentManager::default(),
             next_replica_id: AtomicU64::new(1),
             discarded: Mutex::new(DiscardedList::default()),
             soft_pins: Mutex::new(SoftPinQueue::default()),
@@ -155,7 +156,7 @@ impl MasterService {
         &self,
         observer: Arc<dyn MutationObserver>,
     ) -> Result<(), ObserverAlreadySet> {
-        self.observer.set(observer).map_err(|_| ObserverAlreadySet)
+        self.observer.set(observer).map_err(|()| ObserverAlreadySet)
     }
 
     /// The seed of the master's random source (log it to replay a run).

@@ -39,6 +39,13 @@ impl MasterService {
         self.segments.inner.read().ok_clients.contains(&client)
     }
 
+    /// Tracks a client that starts a put or upsert as its first heartbeat would (see
+    /// [`crate::clients::ClientMonitor::track`]).
+    pub(crate) fn track_writer(&self, client: ClientId) {
+        let ttl_ms = self.config.client_live_ttl_sec.saturating_mul(1000);
+        self.clients.track(client, self.clock.now_ms(), ttl_ms);
+    }
+
     /// Number of clients the monitor currently tracks (with a deadline).
     pub fn tracked_client_count(&self) -> usize {
         self.clients.tracked()

@@ -32,6 +32,7 @@ use mooncake_common::{
     ReplicaStatus, Segment, SegmentId, SegmentStatus, SoftPinAction, TenantId,
 };
 use serde::{Deserialize, Serialize};
+use std::sync::{Arc, OnceLock};
 
 use crate::allocator::BufferHandle;
 use crate::index::Tenant;
@@ -194,6 +195,43 @@ pub struct MasterState {
 /// master builds no record at all.
 pub trait MutationObserver: Send + Sync {
     fn observe(&self, mutation: &Mutation);
+
+    /// Space became allocatable again: buffers were freed, or a segment was mounted (a mount
+    /// after an unmount gives back the range the unmount's objects held). Called before the
+    /// space can be allocated, after the change that freed it was observed, possibly with an
+    /// allocator's lock held: it must be quick.
+    fn space_freed(&self) {}
+}
+
+/// The master's observer, shared with its allocators so that they can report freed space
+/// ([`MutationObserver::space_freed`]); empty until `MasterService::set_observer`.
+#[derive(Clone, Default)]
+pub(crate) struct ObserverSlot(Arc<OnceLock<Arc<dyn MutationObserver>>>);
+
+impl ObserverSlot {
+    pub fn get(&self) -> Option<&Arc<dyn MutationObserver>> {
+        self.0.get()
+    }
+
+    /// Installs `observer`; `Err` when one is installed already.
+    pub fn set(&self, observer: Arc<dyn MutationObserver>) -> Result<(), ()> {
+        self.0.set(observer).map_err(|_| ())
+    }
+
+    /// Tells the observer, if any, that space became allocatable.
+    pub fn space_freed(&self) {
+        if let Some(o) = self.0.get() {
+            o.space_freed();
+        }
+    }
+}
+
+impl std::fmt::Debug for ObserverSlot {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ObserverSlot")
+            .field("installed", &self.0.get().is_some())
+            .finish()
+    }
 }
 
 impl ObjectRecord {

@@ -172,6 +172,9 @@ impl MasterService {
     ) -> Result<Vec<ReplicaDescriptor>, ErrorCode> {
         let pending_soft_pin =
             self.validate_put(args.key, args.slice_length, args.config, tenant, batch)?;
+        if !batch {
+            self.track_writer(client);
+        }
         let key = args.key;
         let own_hash = key_hash(tenant, key);
         let _stripe = self.index.stripe(own_hash).lock();
@@ -382,9 +385,12 @@ impl MasterService {
             &req,
             &self.rng,
         );
+        // A replica larger than every segment fits nowhere, however much is evicted: it does
+        // not make the background cycle throw cached objects away.
         if handles.is_empty()
             && flag_on_failure
             && segs.allocatable.name_count() >= config.replica_num
+            && segs.some_segment_holds(args.slice_length)
         {
             self.need_eviction.store(true, Ordering::Relaxed);
         }
@@ -524,6 +530,7 @@ impl MasterService {
             Ok(t) => t,
             Err(code) => return vec![Err(code); keys.len()],
         };
+        self.track_writer(client);
         let mut preferred_endpoint: Option<String> = None;
         let mut out = Vec::with_capacity(keys.len());
         for (i, key) in keys.iter().enumerate() {

@@ -12,6 +12,7 @@ use mooncake_common::{ClientId, ErrorCode, Segment, SegmentId, SegmentStatus};
 use parking_lot::RwLock;
 
 use crate::allocator::{BufferHandle, SegmentAllocator, SegmentInfo};
+use crate::mutation::ObserverSlot;
 use crate::strategy::AllocatorSet;
 
 /// One mounted segment.
@@ -66,6 +67,8 @@ pub(crate) struct Segments {
     /// Segments a client failed to write (`suspicion.rs`): out of placement, still readable,
     /// until their owner pings or mounts again, or they are unmounted.
     pub suspected: HashSet<SegmentId>,
+    /// The master's observer: every allocator reports the space it frees to it.
+    pub observer: ObserverSlot,
 }
 
 /// Result of a single mount.
@@ -120,6 +123,9 @@ impl Segments {
             base: segment.base,
             capacity: segment.size,
         });
+        allocator.report_frees_to(&self.observer);
+        // A mount after an unmount of the same range gives its space back.
+        self.observer.space_freed();
         let host_id: Arc<str> = Arc::from(segment.host_id.as_str());
         self.allocatable.insert(allocator.clone(), &host_id);
         self.mounted.insert(
@@ -155,6 +161,7 @@ impl Segments {
         waiting_until_ms: u64,
     ) {
         let segment = &record.segment;
+        allocator.report_frees_to(&self.observer);
         let name = allocator.info().name.clone();
         self.mounted.insert(
             segment.id,
@@ -224,6 +231,16 @@ impl Segments {
         if self.prepare_unmount(id).is_ok() {
             self.commit_unmount(id);
         }
+    }
+
+    /// Whether a mounted segment (not waiting for its owner) is large enough for a replica of
+    /// `bytes` when empty: no eviction can make room for a larger one.
+    pub fn some_segment_holds(&self, bytes: u64) -> bool {
+        self.mounted
+            .values()
+            .filter(|s| s.waiting_until_ms.is_none())
+            .filter_map(|s| s.allocator.as_ref())
+            .any(|a| a.capacity() >= bytes)
     }
 
     /// Upstream's ReMount (see `remount_segments`). Returns the ids it mounted afresh (on error
@@ -431,4 +448,16 @@ impl Segments {
 #[derive(Debug, Default)]
 pub(crate) struct SegmentManager {
     pub inner: RwLock<Segments>,
+}
+
+impl SegmentManager {
+    /// A manager whose allocators report freed space to `observer`.
+    pub fn observed_by(observer: ObserverSlot) -> Self {
+        SegmentManager {
+            inner: RwLock::new(Segments {
+                observer,
+                ..Segments::default()
+            }),
+        }
+    }
 }

@@ -174,6 +174,25 @@ fn a_value_no_segment_can_hold_evicts_nothing() {
         "nothing evicted for a hopeless request"
     );
     assert_eq!(m.counters().inline_evictions(), 0);
+    // Nor later by the background cycle: the request does not flag the store as needing
+    // eviction (upstream's does, and its next cycle evicts cached objects for nothing).
+    assert!(!m.need_eviction());
+    m.run_eviction_once();
+    assert_eq!(m.object_count(), 10);
+    // Also with inline eviction off (the flag is all the background cycle has to go on).
+    let config = MasterServiceConfig {
+        put_start_evict_budget: 0,
+        ..Default::default()
+    };
+    let (_, m, _) = store(1000, config);
+    put(&m, C1, "cached", 100, 1);
+    assert_eq!(
+        m.put_start(C1, "huge", 1001, &cfg(1), ""),
+        Err(ErrorCode::NO_AVAILABLE_HANDLE)
+    );
+    assert!(!m.need_eviction());
+    m.run_eviction_once();
+    assert!(exists(&m, "cached"));
 }
 
 #[test]

@@ -162,6 +162,48 @@ fn an_expired_writers_puts_are_reaped_at_once_key_free_and_space_freed() {
 }
 
 #[test]
+fn a_writer_that_never_pinged_is_expired_and_its_puts_reaped() {
+    // C2 starts a put and a batch put and dies before its first heartbeat: its puts are reaped
+    // when its TTL from the first start runs out, not at the discard timeout.
+    let (clock, m) = master();
+    m.mount_segment(&seg(1, "a", 1 << 20), C1).unwrap();
+    m.ping(C1).unwrap();
+    m.run_client_monitor_once();
+    assert_eq!(m.tracked_client_count(), 1);
+    m.put_start(C2, "dead-put", 1000, &on("a"), "").unwrap();
+    assert_eq!(m.tracked_client_count(), 2, "tracked from its first start");
+    clock.advance(4000);
+    // A later start keeps the first deadline (only heartbeats extend it).
+    let keys = vec!["dead-batch".to_string()];
+    assert!(m.batch_put_start(C2, &keys, &[500], &on("a"), "")[0].is_ok());
+    let used = |m: &mooncake_master::MasterService| m.segment_usage()[0].used_bytes;
+    assert_eq!(used(&m), Some(1500));
+    clock.advance(6000);
+    m.ping(C1).unwrap();
+    assert_eq!(m.run_client_monitor_once(), 0, "within C2's TTL");
+    assert_eq!(used(&m), Some(1500));
+    clock.advance(1);
+    m.ping(C1).unwrap();
+    assert_eq!(m.run_client_monitor_once(), 1, "C2 expired");
+    assert_eq!(used(&m), Some(0), "the dead writer's space is free at once");
+    assert!(m.object_info("dead-put", "").unwrap().is_none());
+    assert!(m.object_info("dead-batch", "").unwrap().is_none());
+    assert_accounting(&m);
+    put_cfg(&m, C1, "dead-put", 10, &on("a"));
+    // A writer that keeps pinging after its first start is not expired.
+    m.put_start(C2, "live-put", 100, &on("a"), "").unwrap();
+    for _ in 0..15 {
+        clock.advance(1000);
+        m.ping(C1).unwrap();
+        m.ping(C2).unwrap();
+        assert_eq!(m.run_client_monitor_once(), 0);
+    }
+    m.put_end(C2, &ObjectMeta::new("live-put"), ReplicaType::ALL, "")
+        .unwrap();
+    assert!(m.get_replica_list("live-put", "").is_ok());
+}
+
+#[test]
 fn full_ping_queue_is_internal_error_and_the_monitor_drains_it() {
     let (_, m) = master();
     for i in 0..PING_QUEUE_CAPACITY {

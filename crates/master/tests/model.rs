@@ -143,6 +143,11 @@ struct Model {
 }
 
 impl Model {
+    /// A start tracks its writer as a first heartbeat would; a tracked client keeps its deadline.
+    fn track(&mut self, c: u64, now: u64) {
+        self.deadlines.entry(c).or_insert(now + CLIENT_TTL_MS);
+    }
+
     fn used(&self, seg: u64) -> u64 {
         let live: u64 = self
             .objects
@@ -315,6 +320,7 @@ fn step(m: &MasterService, clock: &ManualClock, model: &mut Model, op: &Op, unif
         } => {
             let size = units * UNIT;
             let got = m.put_start(client(c), &key(k), size, &cfg(replicas), "");
+            model.track(c, now);
             if let Some(o) = model.objects.get(&k) {
                 if o.complete {
                     assert_eq!(got, Err(ErrorCode::OBJECT_ALREADY_EXISTS), "{op:?}");
@@ -496,6 +502,7 @@ fn upsert(
 ) {
     let size = units * UNIT;
     let got = m.upsert_start(client(c), &key(k), size, &cfg(2), "");
+    model.track(c, now);
     if let Some(o) = model.objects.get_mut(&k) {
         if o.complete && o.size == size {
             // Same size: rewritten in place, same replicas, unreadable until End.

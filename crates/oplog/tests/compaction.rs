@@ -7,6 +7,7 @@
 //!   holds exactly the leader's state; a hot follower that keeps up is never cut off, one that
 //!   fell behind the floor halts loudly, one that started from the newest snapshot just before
 //!   a compaction does not;
+//! - a compaction whose fence no longer holds (another master leads) deletes nothing;
 //! - with the log compacted, a start without a usable snapshot (none, all damaged, no directory)
 //!   fails loudly naming the compacted sequence, and a damaged newest snapshot falls back to the
 //!   older one, which the floor still covers.
@@ -22,6 +23,8 @@ use common::*;
 use mooncake_common::SystemClock;
 use mooncake_master::{MasterService, MasterServiceConfig};
 use mooncake_oplog::checkpoint::{bootstrap, checkpoint, Checkpoint};
+use mooncake_oplog::election::Fence;
+use mooncake_oplog::etcd::EtcdError;
 use mooncake_oplog::etcd::{oplog_root, EtcdLog, Prefix};
 use mooncake_oplog::follow::{FollowError, LogFollower};
 use mooncake_oplog::test_etcd::EtcdServer;
@@ -131,7 +134,11 @@ async fn each_snapshot_cycle_deletes_the_batches_the_kept_snapshots_include() {
     let mut previous: Option<Prefix> = None;
     let mut most_keys = 0;
     for cycle in 0..8 {
-        world.steps_durable(80);
+        // Eight waits for durability: at least eight batches per cycle, however large the
+        // writer's group commits are.
+        for _ in 0..8 {
+            world.steps_durable(10);
+        }
         let cp = world.checkpoint().await;
         assert!(
             cp.written,
@@ -228,4 +235,26 @@ async fn a_compacted_log_without_a_usable_snapshot_fails_loudly() {
         error.contains(&compacted) && error.contains("--snapshot_dir"),
         "{error}"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_compaction_whose_fence_no_longer_holds_deletes_nothing() {
+    let mut world = world("fenced", 2).await;
+    world.steps_durable(40);
+    let prefix = world.log.read_prefix().await.unwrap().unwrap();
+    let keys = world.log.key_count().await.unwrap();
+    // The fence of a view whose leader key is gone (this master lost the election).
+    let stale = world.log.clone().with_fence(Some(Fence {
+        key: "mooncake-store/fenced/master_view".into(),
+        version: 7,
+    }));
+    let refused = stale.compact(prefix, None, Some(prefix)).await.unwrap_err();
+    assert!(matches!(refused, EtcdError::Fenced { .. }), "{refused}");
+    assert_eq!(world.log.key_count().await.unwrap(), keys);
+    assert_eq!(world.log.read_floor().await.unwrap(), None);
+    assert_eq!(world.first_batch().await, Some(1));
+    // Unfenced (this test's single writer), the same compaction deletes every batch.
+    world.log.compact(prefix, None, Some(prefix)).await.unwrap();
+    assert_eq!(world.first_batch().await, None);
+    assert_eq!(world.log.read_floor().await.unwrap(), Some(prefix));
 }

@@ -20,7 +20,7 @@ pub mod server;
 pub use budget::{MAPPED_FRAME_BYTES, SMALL_FRAME_BYTES};
 pub use client::{ClientConfig, PollStats, RpcClient, RpcError};
 pub use poll::{HostLoad, PollPolicy};
-pub use server::{Handler, HandlerError, RpcServer, ServerConfig, ServerStats};
+pub use server::{Deferred, Handler, HandlerError, RpcServer, ServerConfig, ServerStats};
 
 use std::time::Duration;
 

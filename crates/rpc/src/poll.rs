@@ -317,7 +317,11 @@ fn host_load(now_ns: u64) -> Option<HostLoad> {
         if let Some(total_us) = read_cpu_stall_us() {
             let previous_us = STALL_TOTAL_US.swap(total_us, Ordering::Relaxed);
             let previous_ns = STALL_READ_NS.swap(now_ns, Ordering::Relaxed);
-            if let Some(share) = waiting_share_ppm(previous_us, total_us, now_ns - previous_ns) {
+            // A sampler that won its window and was then preempted can store its reading after
+            // a later window's: that pair has no elapsed time (no share), and the next pair a
+            // stall total that went back (no stall), one odd sample the smoothing absorbs.
+            let elapsed_ns = now_ns.saturating_sub(previous_ns);
+            if let Some(share) = waiting_share_ppm(previous_us, total_us, elapsed_ns) {
                 let old = WAITING_PPM.load(Ordering::Relaxed);
                 WAITING_PPM.store(smooth(old, share), Ordering::Relaxed);
             }

@@ -5,33 +5,22 @@
 //! and flushes it once, so a pipelined burst costs one `write` syscall. Shutdown is a watch
 //! channel every task selects on.
 //!
-//! What a peer can make the server hold is bounded (docs/security.md):
-//! - **Connections.** At most `max_connections`, at most `max_connections_per_address` from one
-//!   IP address. A connection over either limit first pushes out a connection that never sent a
-//!   valid request (see `admission.rs`); it is refused (one error frame, then closed) only when
-//!   none can go.
-//! - **Time.** A connection must complete a valid request within `handshake_timeout` of its
-//!   accept; a frame whose first bytes arrived must complete within `frame_timeout` plus its
-//!   length at `min_request_bytes_per_sec`, and so must every flush of answers; an identified
-//!   connection may stay idle (`idle_timeout`: never by default, as upstream).
-//! - **Authentication.** With a token configured, a connection's first request must be
-//!   `Authenticate` (method 47) with that token: any other request is refused from its header
-//!   (`ILLEGAL_CLIENT`, nothing buffered) and a wrong token is answered `ILLEGAL_CLIENT`; both
-//!   close the connection. Until it authenticates a connection stays unidentified.
-//! - **Memory.** A frame's header names its method, and `max_request_frame_bytes` caps each
-//!   method's frame before any of its body is buffered. Frames up to 64 KiB are read into the
-//!   connection's own buffer, which never grows past that and is freed after a second idle;
-//!   larger frames first take their length from the budget every connection shares
-//!   (`max_buffered_request_bytes`) and live in a buffer of exactly their size, freed (and, from
-//!   1 MiB, unmapped) as soon as they are answered. A connection waiting for budget does not
-//!   read (backpressure); after `shed_after` it sheds the oldest frame still holding budget.
+//! **Deferred answers.** A handler may hold an answer back until something outside it happened
+//! ([`Handler::handle_deferred`] returns a [`Deferred`]: the master's reply waits until its
+//! change is durable in the op-log). The connection keeps reading and serving the requests
+//! behind it; their answers go out as soon as they are ready, so a held answer may be overtaken
+//! (the client matches answers by request id). At most [`MAX_HELD_ANSWERS`] answers wait per
+//! connection: past that the connection stops reading until one is sent. A connection that
+//! ends drops the answers still held (the peer sees the connection close, as after a crash).
 
 use bytes::BytesMut;
 use mooncake_common::{AuthToken, ErrorCode};
 use mooncake_proto::methods::{Authenticate, Method};
 use mooncake_proto::{encode_error, encode_header, FrameDecoder, FrameHeader, FrameKind, Reply};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::os::fd::AsRawFd;
+use std::pin::Pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -60,11 +49,42 @@ impl HandlerError {
     }
 }
 
+/// An answer held back until its future resolves (see the module doc): `Ok(())` sends the body
+/// the handler wrote, `Err(body)` sends `body` in its place.
+pub struct Deferred(Pin<Box<dyn Future<Output = Result<(), BytesMut>> + Send + Sync>>);
+
+impl Deferred {
+    pub fn new(ready: impl Future<Output = Result<(), BytesMut>> + Send + Sync + 'static) -> Self {
+        Deferred(Box::pin(ready))
+    }
+}
+
+impl std::fmt::Debug for Deferred {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Deferred")
+    }
+}
+
 /// Serves requests. Called on the connection's task: it must not block for long.
 pub trait Handler: Send + Sync + 'static {
     /// Handles one request of `method` with `body`; appends the response body to `out`.
     fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError>;
+
+    /// [`Handler::handle`], whose answer may be held back until a [`Deferred`] resolves. The
+    /// server calls this one; by default it never defers.
+    fn handle_deferred(
+        &self,
+        method: u16,
+        body: &[u8],
+        out: &mut BytesMut,
+    ) -> Result<Option<Deferred>, HandlerError> {
+        self.handle(method, body, out).map(|()| None)
+    }
 }
+
+/// Most answers one connection holds back (deferred, or ready behind a deferred one) before it
+/// stops reading requests.
+pub const MAX_HELD_ANSWERS: usize = 4096;
 
 /// Default of [`ServerConfig::max_connections`].
 pub const DEFAULT_MAX_CONNECTIONS: usize = 1024;
@@ -448,6 +468,8 @@ enum End {
 /// What the wait for more bytes ended with.
 enum Wake {
     Readable(std::io::Result<()>),
+    /// Held answers resolved: their frames.
+    Answered(Vec<BytesMut>),
     Timer,
     Kicked(Kick),
     Shutdown,
@@ -475,6 +497,49 @@ struct Connection<'a, H> {
     accepted: Instant,
     /// Presented the server's token (always true when the server has none).
     authenticated: bool,
+    /// Deferred answers not resolved yet.
+    held: Vec<Held>,
+}
+
+/// A deferred answer in [`Connection::held`]: `body` goes out under `header` once `ready`
+/// resolves.
+struct Held {
+    header: FrameHeader,
+    body: BytesMut,
+    ready: Deferred,
+}
+
+/// Polls every held answer with `cx` and takes out the resolved ones as whole frames.
+fn take_resolved(held: &mut Vec<Held>, cx: &mut std::task::Context<'_>) -> Vec<BytesMut> {
+    let mut frames = Vec::new();
+    let mut i = 0;
+    while i < held.len() {
+        match held[i].ready.0.as_mut().poll(cx) {
+            std::task::Poll::Pending => i += 1,
+            std::task::Poll::Ready(outcome) => {
+                let Held { header, body, .. } = held.remove(i);
+                let body = outcome.err().unwrap_or(body);
+                let mut frame = BytesMut::with_capacity(mooncake_proto::HEADER_BYTES + body.len());
+                encode_header(&mut frame, header, body.len());
+                frame.extend_from_slice(&body);
+                frames.push(frame);
+            }
+        }
+    }
+    frames
+}
+
+/// Waits until at least one held answer resolved (forever when none is held).
+async fn resolved(held: &mut Vec<Held>) -> Vec<BytesMut> {
+    std::future::poll_fn(|cx| {
+        let frames = take_resolved(held, cx);
+        if frames.is_empty() {
+            std::task::Poll::Pending
+        } else {
+            std::task::Poll::Ready(frames)
+        }
+    })
+    .await
 }
 
 impl<'a, H: Handler> Connection<'a, H> {
@@ -493,6 +558,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             last_read: now,
             accepted: shared.admission.instant(slot.accepted_ns),
             authenticated: shared.config.auth_token.is_none(),
+            held: Vec::new(),
         }
     }
 
@@ -605,8 +671,21 @@ impl<'a, H: Handler> Connection<'a, H> {
         Ok(left)
     }
 
-    /// Calls the handler for one request and queues its answer; `Err` when the connection must
-    /// close (a failed authentication).
+    /// Moves the held answers that resolved to the write buffer.
+    fn release_held(&mut self) {
+        let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+        let frames = take_resolved(&mut self.held, &mut cx);
+        self.write_resolved(frames);
+    }
+
+    fn write_resolved(&mut self, frames: Vec<BytesMut>) {
+        for frame in frames {
+            self.write_buf.extend_from_slice(&frame);
+        }
+    }
+
+    /// Calls the handler for one request and queues its answer (or holds it, deferred); `Err`
+    /// when the connection must close (a failed authentication).
     fn answer(&mut self, header: FrameHeader, body: &[u8]) -> Result<(), End> {
         let stats = &self.shared.stats;
         stats.requests.fetch_add(1, Ordering::Relaxed);
@@ -628,9 +707,9 @@ impl<'a, H: Handler> Connection<'a, H> {
         match self
             .shared
             .handler
-            .handle(header.method, body, &mut self.body)
+            .handle_deferred(header.method, body, &mut self.body)
         {
-            Ok(()) => {
+            Ok(deferred) => {
                 if !self.slot.identified.load(Ordering::Relaxed) {
                     self.slot.identified.store(true, Ordering::Release);
                 }
@@ -638,8 +717,17 @@ impl<'a, H: Handler> Connection<'a, H> {
                     kind: FrameKind::Response,
                     ..header
                 };
-                encode_header(&mut self.write_buf, response, self.body.len());
-                self.write_buf.extend_from_slice(&self.body);
+                match deferred {
+                    Some(ready) => self.held.push(Held {
+                        header: response,
+                        body: self.body.split(),
+                        ready,
+                    }),
+                    None => {
+                        encode_header(&mut self.write_buf, response, self.body.len());
+                        self.write_buf.extend_from_slice(&self.body);
+                    }
+                }
             }
             Err(error) => {
                 stats.request_errors.fetch_add(1, Ordering::Relaxed);
@@ -697,8 +785,10 @@ impl<'a, H: Handler> Connection<'a, H> {
         Ok(())
     }
 
-    /// Writes the queued answers, within the time their length allows.
+    /// Writes the queued answers (and the held ones now ready), within the time their length
+    /// allows.
     async fn flush(&mut self) -> std::io::Result<Result<(), End>> {
+        self.release_held();
         if self.write_buf.is_empty() {
             return Ok(Ok(()));
         }
@@ -827,7 +917,8 @@ impl<'a, H: Handler> Connection<'a, H> {
         &mut self,
         shutdown: &mut watch::Receiver<bool>,
     ) -> std::io::Result<Result<(), End>> {
-        if let Some(budget) = self.config().busy_poll {
+        let busy_poll = self.config().busy_poll.filter(|_| self.held.is_empty());
+        if let Some(budget) = busy_poll {
             self.make_room();
             let stream = &self.stream;
             let read_buf = &mut self.read_buf;
@@ -857,14 +948,20 @@ impl<'a, H: Handler> Connection<'a, H> {
                 (Some((d, _)), None) => Some(d),
                 (None, r) => r,
             };
+            let may_read = self.held.len() < MAX_HELD_ANSWERS;
             let wake = tokio::select! {
-                ready = self.stream.readable() => Wake::Readable(ready),
+                ready = self.stream.readable(), if may_read => Wake::Readable(ready),
+                frames = resolved(&mut self.held) => Wake::Answered(frames),
                 _ = sleep_until(wake_at) => Wake::Timer,
                 kick = self.slot.kicked() => Wake::Kicked(kick),
                 _ = shutdown.changed() => Wake::Shutdown,
             };
             match wake {
                 Wake::Readable(ready) => ready?,
+                Wake::Answered(frames) => {
+                    self.write_resolved(frames);
+                    return Ok(Ok(()));
+                }
                 Wake::Timer => {
                     if let Some((at, what)) = deadline {
                         if Instant::now() >= at {
@@ -944,6 +1041,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             }
             let wake = tokio::select! {
                 ready = self.stream.readable() => Wake::Readable(ready),
+                frames = resolved(&mut self.held) => Wake::Answered(frames),
                 _ = tokio::time::sleep_until(deadline.into()) => Wake::Timer,
                 kick = self.slot.kicked() => Wake::Kicked(kick),
                 _ = shutdown.changed() => Wake::Shutdown,
@@ -951,6 +1049,7 @@ impl<'a, H: Handler> Connection<'a, H> {
             match wake {
                 Wake::Readable(Ok(())) => {}
                 Wake::Readable(Err(error)) => break Err(error),
+                Wake::Answered(frames) => self.write_resolved(frames),
                 Wake::Timer => break Ok(Err(self.expired(Deadline::Frame))),
                 Wake::Kicked(kick) => break Ok(Err(self.kicked(kick))),
                 Wake::Shutdown => break Ok(Err(End::Quiet)),

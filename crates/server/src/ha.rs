@@ -142,6 +142,14 @@ impl HaStatus {
             && (self.base.elapsed().as_nanos() as u64) < self.until_ns.load(Ordering::Acquire)
     }
 
+    /// Whether the leadership runs out within `margin` by this master's clock (never without
+    /// election).
+    pub fn lease_ends_within(&self, margin: Duration) -> bool {
+        self.enabled
+            && (self.base.elapsed() + margin).as_nanos() as u64
+                >= self.until_ns.load(Ordering::Acquire)
+    }
+
     /// `leader` or `standby`.
     pub fn role(&self) -> &'static str {
         if self.serving() {

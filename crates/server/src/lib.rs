@@ -12,6 +12,8 @@ pub mod ha;
 pub mod http;
 pub mod metrics;
 pub mod oplog;
+#[cfg(test)]
+mod oplog_acks_tests;
 pub mod process;
 pub mod rpc_dispatch;
 pub mod snapshot;

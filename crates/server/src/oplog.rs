@@ -5,12 +5,16 @@
 //! - Before a mutating call is applied ([`OpLogHandle::gate`]): while the writer cannot reach
 //!   etcd the call is refused with `ETCD_OPERATION_ERROR` (retryable) and changes nothing; once
 //!   this master is fenced, `UNAVAILABLE_IN_CURRENT_STATUS`. Reads are never gated.
-//! - After it ([`OpLogHandle::ack`]): the reply waits until everything the master observed up to
-//!   then is durable. With `--oplog_ack=durable` (default) every mutating call waits; with
-//!   `visible` only the calls that hand out space (PutStart, UpsertStart, CopyStart, MoveStart
-//!   and their batches) wait, so space freed by a removal is handed to a writer only after the
-//!   removal is durable. A wait longer than `--oplog_ack_timeout_ms` answers
-//!   `ETCD_OPERATION_ERROR`.
+//! - After it ([`OpLogHandle::wait_target`]): with `--oplog_ack=durable` (default) the reply of
+//!   every call that is not a grant waits until everything the master observed up to then is
+//!   durable; with `visible` it does not wait. A grant (PutStart, UpsertStart, CopyStart,
+//!   MoveStart and their batches: the calls that hand out space) waits, in both modes, only
+//!   until every removal whose space it could have been given is durable — usually nothing to
+//!   wait for — or, when this leader's lease runs out soon, until everything is durable (a
+//!   stale leader then learns that it is fenced before anyone writes into space it handed
+//!   out). A wait longer than `--oplog_ack_timeout_ms` answers `ETCD_OPERATION_ERROR`.
+//!   The RPC server holds the reply back ([`mooncake_rpc::Deferred`]) and keeps serving the
+//!   connection meanwhile, so many waiting calls share one etcd transaction.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -205,6 +209,19 @@ impl OpLogHandle {
         }))
     }
 
+    /// A handle over `sink` without a writer: entries become durable only when the caller
+    /// marks them (tests of the reply rules).
+    #[cfg(test)]
+    pub(crate) fn unwritten(sink: Arc<OpLogSink>, ack: OpLogAck, timeout: Duration) -> Arc<Self> {
+        Arc::new(OpLogHandle {
+            sink,
+            fence: None,
+            writer: Mutex::new(None),
+            ack,
+            timeout,
+        })
+    }
+
     pub fn sink(&self) -> &Arc<OpLogSink> {
         &self.sink
     }
@@ -223,15 +240,22 @@ impl OpLogHandle {
         }
     }
 
-    /// After a mutating call that succeeded: waits as its class and the mode say.
-    pub fn ack(&self, class: AckClass) -> Result<(), ErrorCode> {
-        if class == AckClass::Ack && self.ack == OpLogAck::Visible {
-            return Ok(());
-        }
-        let target = self.sink.assigned_seq();
-        if self.sink.durable_seq() >= target {
-            return Ok(());
-        }
+    /// After a mutating call of `class` that succeeded: the sequence number that must be
+    /// durable before it replies, `None` when it may reply now (see the module doc).
+    /// `lease_ending`: this master's leadership runs out soon.
+    pub fn wait_target(&self, class: AckClass, lease_ending: bool) -> Option<u64> {
+        let target = match (class, self.ack) {
+            (AckClass::Ack, OpLogAck::Visible) => return None,
+            (AckClass::Ack, OpLogAck::Durable) => self.sink.assigned_seq(),
+            (AckClass::Grant, _) if lease_ending => self.sink.assigned_seq(),
+            // Read after the allocation: any removal whose space it took is at or below it.
+            (AckClass::Grant, _) => self.sink.freed_seq(),
+        };
+        (self.sink.durable_seq() < target).then_some(target)
+    }
+
+    /// Waits, blocking the thread, until `target` is durable.
+    pub fn wait_blocking(&self, target: u64) -> Result<(), ErrorCode> {
         let wait = || self.sink.wait_durable(target, self.timeout);
         let result = match tokio::runtime::Handle::try_current() {
             Ok(h) if h.runtime_flavor() == tokio::runtime::RuntimeFlavor::MultiThread => {
@@ -239,10 +263,15 @@ impl OpLogHandle {
             }
             _ => wait(),
         };
-        result.map_err(|e| match e {
-            AckError::Unavailable => ErrorCode::ETCD_OPERATION_ERROR,
-            AckError::Fenced => ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
-        })
+        result.map_err(ack_code)
+    }
+
+    /// Waits until `target` is durable, without blocking a thread.
+    pub async fn wait(&self, target: u64) -> Result<(), ErrorCode> {
+        self.sink
+            .durable(target, self.timeout)
+            .await
+            .map_err(ack_code)
     }
 
     /// Stops the writer (a batch it could not commit yet is dropped) and fences the sink:
@@ -266,6 +295,15 @@ impl OpLogHandle {
         if let Some(w) = self.writer.lock().take() {
             w.stop();
         }
+    }
+}
+
+/// The reply to a call whose change cannot be acknowledged: retryable while etcd may return,
+/// `UNAVAILABLE_IN_CURRENT_STATUS` (the client tries another master) once fenced.
+fn ack_code(e: AckError) -> ErrorCode {
+    match e {
+        AckError::Unavailable => ErrorCode::ETCD_OPERATION_ERROR,
+        AckError::Fenced => ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,
     }
 }
 

@@ -6,12 +6,12 @@ use mooncake_common::ErrorCode;
 use mooncake_master::MasterService;
 use mooncake_proto::methods::{self as m, Method};
 use mooncake_proto::{decode, encode_into, Limits, Reply};
-use mooncake_rpc::{Handler, HandlerError};
+use mooncake_rpc::{Deferred, Handler, HandlerError};
 use std::sync::Arc;
 
 use crate::ha::HaStatus;
 use crate::metrics::RpcMetrics;
-use crate::oplog::{method_class, OpLogSlot};
+use crate::oplog::{method_class, OpLogHandle, OpLogSlot};
 use crate::snapshot::Snapshotter;
 
 /// The version string `ServiceReady` answers.
@@ -67,7 +67,7 @@ impl MasterRpc {
         body: &[u8],
         out: &mut BytesMut,
         op: impl FnOnce(&MasterService, &M) -> Reply<M>,
-    ) -> Result<(), HandlerError> {
+    ) -> Result<Option<PendingAck>, HandlerError> {
         self.serve_observed(body, out, op, |metrics, _, reply| {
             metrics.record(M::ID, reply.is_err())
         })
@@ -80,7 +80,7 @@ impl MasterRpc {
         out: &mut BytesMut,
         op: impl FnOnce(&MasterService, &M) -> Reply<M>,
         observe: impl FnOnce(&RpcMetrics, &M, &Reply<M>),
-    ) -> Result<(), HandlerError> {
+    ) -> Result<Option<PendingAck>, HandlerError> {
         let request: M = match decode(body) {
             Ok(request) => request,
             Err(error) => {
@@ -102,12 +102,20 @@ impl MasterRpc {
             },
             Err(code) => Err(code),
         };
-        let reply = match (logged, reply) {
-            (Some((h, class)), Ok(value)) => h.ack(class).map(|()| value),
-            (_, reply) => reply,
+        let pending = match (logged, &reply) {
+            (Some((h, class)), Ok(_)) => h
+                .wait_target(class, self.ha.lease_ends_within(GRANT_LEASE_MARGIN))
+                .map(|target| PendingAck {
+                    oplog: h.clone(),
+                    target,
+                    refuse: refuse_with::<M>,
+                }),
+            _ => None,
         };
+        // A reply that then fails to become durable was counted as the call's outcome here.
         observe(&self.metrics, &request, &reply);
-        encode_into(&reply, out).map_err(|e| HandlerError::new(e.code(), e.to_string()))
+        encode_into(&reply, out).map_err(|e| HandlerError::new(e.code(), e.to_string()))?;
+        Ok(pending)
     }
 
     /// [`MasterRpc::serve`] for a batch whose reply has one result per item.
@@ -117,7 +125,7 @@ impl MasterRpc {
         out: &mut BytesMut,
         items: impl FnOnce(&M) -> usize,
         op: impl FnOnce(&MasterService, &M) -> Reply<M>,
-    ) -> Result<(), HandlerError>
+    ) -> Result<Option<PendingAck>, HandlerError>
     where
         M: Method<Output = Vec<Result<T, ErrorCode>>>,
     {
@@ -148,8 +156,73 @@ fn note_reads(ms: &MasterService, keys: &[String], tenant: &str, replies: &mut [
     }
 }
 
+/// A grant replies without waiting for its own change only while this leader's lease has at
+/// least this long to run (docs/oplog.md, "When a reply waits").
+const GRANT_LEASE_MARGIN: std::time::Duration = std::time::Duration::from_secs(2);
+
+/// A reply encoded and held until the op-log makes `target` durable; if it never does, the
+/// reply is replaced by `refuse`'s error.
+struct PendingAck {
+    oplog: Arc<OpLogHandle>,
+    target: u64,
+    refuse: fn(ErrorCode, &mut BytesMut),
+}
+
+impl PendingAck {
+    /// The reply's wait, for the RPC server to hold it back without blocking the connection.
+    fn deferred(self) -> Deferred {
+        Deferred::new(async move {
+            self.oplog.wait(self.target).await.map_err(|code| {
+                let mut body = BytesMut::new();
+                (self.refuse)(code, &mut body);
+                body
+            })
+        })
+    }
+
+    /// The reply's wait, blocking the thread: replaces `out` on failure.
+    fn wait_blocking(self, out: &mut BytesMut) {
+        if let Err(code) = self.oplog.wait_blocking(self.target) {
+            out.clear();
+            (self.refuse)(code, out);
+        }
+    }
+}
+
+/// Encodes `M`'s error reply `code` (an error reply always encodes).
+fn refuse_with<M: Method>(code: ErrorCode, out: &mut BytesMut) {
+    let reply: Reply<M> = Err(code);
+    if encode_into(&reply, out).is_err() {
+        out.clear();
+    }
+}
+
 impl Handler for MasterRpc {
     fn handle(&self, method: u16, body: &[u8], out: &mut BytesMut) -> Result<(), HandlerError> {
+        if let Some(pending) = self.dispatch(method, body, out)? {
+            pending.wait_blocking(out);
+        }
+        Ok(())
+    }
+
+    /// Holds the reply of a mutating call back until the op-log says it may go.
+    fn handle_deferred(
+        &self,
+        method: u16,
+        body: &[u8],
+        out: &mut BytesMut,
+    ) -> Result<Option<Deferred>, HandlerError> {
+        Ok(self.dispatch(method, body, out)?.map(PendingAck::deferred))
+    }
+}
+
+impl MasterRpc {
+    fn dispatch(
+        &self,
+        method: u16,
+        body: &[u8],
+        out: &mut BytesMut,
+    ) -> Result<Option<PendingAck>, HandlerError> {
         if !self.ha.serving() {
             return Err(HandlerError::new(
                 ErrorCode::UNAVAILABLE_IN_CURRENT_STATUS,

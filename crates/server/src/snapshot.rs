@@ -22,7 +22,7 @@ use crate::config::{OpLogSettings, SnapshotSettings};
 use crate::metrics::{counter, gauge, Histogram, SnapshotDurationBuckets};
 use crate::oplog::{connect_log, OpLogHandle, OpLogSlot};
 use mooncake_master::MasterServiceConfig;
-use mooncake_oplog::checkpoint::checkpoint;
+use mooncake_oplog::checkpoint::{checkpoint, Checkpoint};
 use mooncake_oplog::WriterHealth;
 
 /// For tests only: milliseconds every snapshot pauses after each chunk it writes, so that a test
@@ -62,6 +62,12 @@ pub struct SnapshotMetrics {
     /// 1 when the restored snapshot was the final one of a clean shutdown (objects without a
     /// checksum kept).
     pub restore_clean_shutdown: AtomicU64,
+    /// With the op-log: compactions done after a snapshot, and those etcd refused or missed.
+    pub compactions: AtomicU64,
+    pub compactions_failed: AtomicU64,
+    /// The compaction floor after the last compaction (batch id and sequence; 0 before one).
+    pub floor_batch: AtomicU64,
+    pub floor_seq: AtomicU64,
 }
 
 fn now_ms() -> u64 {
@@ -71,6 +77,51 @@ fn now_ms() -> u64 {
 }
 
 impl SnapshotMetrics {
+    /// The op-log's compaction after a snapshot of it.
+    fn record_compaction(&self, done: &Checkpoint) {
+        match (&done.compaction_error, done.floor) {
+            (Some(_), _) => {
+                self.compactions_failed.fetch_add(1, Ordering::Relaxed);
+            }
+            (None, floor) if done.written => {
+                self.compactions.fetch_add(1, Ordering::Relaxed);
+                if let Some(f) = floor {
+                    self.floor_batch.store(f.batch_id, Ordering::Relaxed);
+                    self.floor_seq.store(f.last_seq, Ordering::Relaxed);
+                }
+            }
+            _ => {}
+        }
+    }
+
+    fn render_compaction(&self, out: &mut String) {
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        counter(
+            out,
+            "mooncake_rs_oplog_compactions_total",
+            "Op-log compactions in etcd after a snapshot of the log",
+            get(&self.compactions),
+        );
+        counter(
+            out,
+            "mooncake_rs_oplog_compactions_failed_total",
+            "Snapshots of the log written whose compaction etcd refused or did not answer",
+            get(&self.compactions_failed),
+        );
+        gauge(
+            out,
+            "mooncake_rs_oplog_compaction_floor_batch",
+            "Op-log batches up to this id are deleted from etcd (0: none yet)",
+            get(&self.floor_batch) as f64,
+        );
+        gauge(
+            out,
+            "mooncake_rs_oplog_compaction_floor_sequence",
+            "The last op-log sequence the deleted batches held (0: none yet)",
+            get(&self.floor_seq) as f64,
+        );
+    }
+
     fn record_take(&self, report: &TakeReport) {
         self.taken.fetch_add(1, Ordering::Relaxed);
         let us = u64::try_from(report.duration.as_micros()).unwrap_or(u64::MAX);
@@ -199,6 +250,7 @@ impl SnapshotMetrics {
         for (name, help, value) in counters {
             counter(out, &format!("mooncake_rs_{name}"), help, value);
         }
+        self.render_compaction(out);
         // Upstream's names for the same counts (its newer master).
         counter(
             out,
@@ -368,6 +420,7 @@ impl Snapshotter {
                 .unwrap_or_else(|_| Err("the snapshot of the log panicked".into()))
         })
         .map_err(SnapshotError::OpLog)?;
+        self.metrics.record_compaction(&done);
         if !done.written {
             tracing::info!(
                 "{why} snapshot: {} already includes the durable prefix (sequence {})",

@@ -55,6 +55,23 @@ fn is_final_mark(name: &str) -> bool {
         })
 }
 
+/// Removes the temp file `path` unless another process holds its lock (a take in progress).
+fn remove_unless_locked(path: &Path) -> Result<(), SnapshotError> {
+    let file = match File::open(path) {
+        Ok(file) => file,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e.into()),
+    };
+    match file.try_lock() {
+        Ok(()) => match fs::remove_file(path) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => Err(e.into()),
+            _ => Ok(()),
+        },
+        Err(fs::TryLockError::WouldBlock) => Ok(()),
+        Err(fs::TryLockError::Error(e)) => Err(e.into()),
+    }
+}
+
 fn now_ms() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -87,19 +104,22 @@ pub struct SnapshotDir {
 impl SnapshotDir {
     /// Opens (creating it if needed) the directory, keeping the newest `retention` snapshots
     /// at each take (0 is taken as 1: the snapshot just written is never removed). Temp files
-    /// left by an interrupted take are removed.
+    /// left by an interrupted take are removed; a temp file another process is still writing
+    /// (a master sharing the directory, in the middle of a take: it holds an exclusive lock on
+    /// its temp file until the rename) is left alone.
     pub fn open(path: impl Into<PathBuf>, retention: usize) -> Result<SnapshotDir, SnapshotError> {
         let path = path.into();
         fs::create_dir_all(&path)?;
         for entry in fs::read_dir(&path)? {
             let entry = entry?;
             if entry.file_name().to_str().is_some_and(is_temp) {
-                fs::remove_file(entry.path())?;
+                remove_unless_locked(&entry.path())?;
             }
         }
         // Probe that files can be created here (a read-only directory fails now, not at the
-        // first take).
-        let probe = path.join(format!("{PREFIX}probe{TEMP_SUFFIX}"));
+        // first take); named by process, so that masters opening a shared directory at once
+        // do not remove each other's probe.
+        let probe = path.join(format!("{PREFIX}probe-{}{TEMP_SUFFIX}", std::process::id()));
         File::create(&probe)?;
         fs::remove_file(&probe)?;
         let dir = SnapshotDir {
@@ -157,7 +177,8 @@ impl SnapshotDir {
         let path = self.path.join(&name);
         let temp = self.path.join(format!("{name}.tmp"));
         let written = self.write_file(&temp, master, &meta, opts);
-        let (bytes, objects) = match written.and_then(|w| {
+        // The temp file stays open (locked) until it has its final name.
+        let (bytes, objects) = match written.and_then(|(w, _locked)| {
             fs::rename(&temp, &path)?;
             File::open(&self.path)?.sync_all()?;
             Ok(w)
@@ -185,8 +206,9 @@ impl SnapshotDir {
         master: &MasterService,
         meta: &SnapshotMeta,
         opts: &EncodeOptions,
-    ) -> Result<(u64, u64), SnapshotError> {
+    ) -> Result<((u64, u64), File), SnapshotError> {
         let file = File::create(temp)?;
+        file.lock()?;
         let mut out = BufWriter::with_capacity(1 << 20, file);
         let counted = write_snapshot_counted(master, meta, opts, &mut out)?;
         out.flush()?;
@@ -194,7 +216,7 @@ impl SnapshotDir {
             .into_inner()
             .map_err(|e| SnapshotError::Io(e.into_error()))?;
         file.sync_all()?;
-        Ok(counted)
+        Ok((counted, file))
     }
 
     /// Removes all but the newest `retention` snapshots and their marks (best effort: a file

@@ -54,6 +54,20 @@ fn a_leftover_temp_file_is_ignored_and_removed() {
 }
 
 #[test]
+fn a_temp_file_another_take_still_holds_is_left_alone() {
+    let tmp = tempfile::tempdir().unwrap();
+    let temp = tmp.path().join("snapshot-00000000000000000009.mcs.tmp");
+    let writing = fs::File::create(&temp).unwrap();
+    writing.lock().unwrap();
+    // A second master opening the shared directory while the first one writes.
+    SnapshotDir::open(tmp.path(), 2).unwrap();
+    assert!(temp.exists(), "a take in progress lost its temp file");
+    drop(writing);
+    SnapshotDir::open(tmp.path(), 2).unwrap();
+    assert!(!temp.exists(), "an abandoned temp file was kept");
+}
+
+#[test]
 fn a_corrupt_newest_snapshot_falls_back_to_the_older_one() {
     let tmp = tempfile::tempdir().unwrap();
     let m = live::populated(40);
