@@ -57,6 +57,10 @@ pub struct DiskConfig {
     pub offload_interval: Duration,
     /// Tasks taken per offload heartbeat.
     pub offload_batch: u64,
+    /// Offload batches written at once (at least 1; default 1). With 2, one batch's
+    /// `fdatasync` overlaps the next one's checksum and copy; `mooncake bench disk-tier`
+    /// measures both (docs/disk-tier.md, "Decisions").
+    pub offload_writes: usize,
     /// Eviction under watermarks (the backend's defaults: FIFO, 0.95 / 0.85).
     pub eviction: EvictionConfig,
     /// `dir` may be shared by several processes (Python `setup(ssd_offload_path=…)` of many
@@ -76,6 +80,7 @@ impl DiskConfig {
             lease: Duration::from_secs(5),
             offload_interval: Duration::from_millis(100),
             offload_batch: 64,
+            offload_writes: 1,
             eviction: EvictionConfig::default(),
             shared: false,
         }

@@ -268,14 +268,11 @@ fn evicted(inner: &Weak<Inner>, runtime: &tokio::runtime::Handle, keys: &[String
     }
 }
 
-/// Offload batches a node writes at once. Each is one `put_batch` (its writes, then its own
-/// `fdatasync`) answered only once that returned, so two in flight overlap one batch's sync
-/// (device time) with the next batch's checksum and copy (CPU time) without weakening what an
-/// acknowledged task means.
-const OFFLOAD_WRITES_IN_FLIGHT: usize = 2;
-
 /// The offload heartbeat: take tasks, write them, answer them; at once again while tasks come
-/// (up to [`OFFLOAD_WRITES_IN_FLIGHT`] batches being written), else after `offload_interval`.
+/// (up to `offload_writes` batches being written), else after `offload_interval`. Each batch is
+/// one `put_batch` (its writes, then its own `fdatasync`) answered only once that returned; with
+/// two in flight one batch's sync (device time) overlaps the next batch's checksum and copy
+/// (CPU time) without weakening what an acknowledged task means.
 /// Disk drops and promotions run between batches, with no offload write in flight (a record
 /// deleted after a newer offload of its key would lose the newer). Re-mounts the disk when the
 /// master lost it.
@@ -322,7 +319,8 @@ async fn offload_loop(inner: Weak<Inner>) {
             }
         };
         drop(client);
-        if writes.len() >= OFFLOAD_WRITES_IN_FLIGHT || (took == 0 && !writes.is_empty()) {
+        if writes.len() >= disk.config().offload_writes.max(1) || (took == 0 && !writes.is_empty())
+        {
             // More tasks gather at the master while a batch is written: ask again once it is.
             writes.join_next().await;
         } else if took == 0 {
