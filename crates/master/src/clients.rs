@@ -4,8 +4,9 @@
 //!
 //! A client becomes known by Ping, MountSegment or ReMountSegment, each of which pushes its id onto
 //! the queue, or by starting a put or upsert ([`ClientMonitor::track`]): a writer that dies
-//! before its first Ping is expired like any other, and its puts in flight are reaped with it. [`ClientMonitor::expire`] drains the queue into `deadline = now + ttl` and returns
-//! (and forgets) the clients whose deadline has passed.
+//! before its first Ping is expired like any other, and its puts in flight are reaped with it.
+//! [`ClientMonitor::expire`] drains the queue into `deadline = now + ttl` and returns (and
+//! forgets) the clients whose deadline has passed.
 
 use std::collections::{HashMap, VecDeque};
 

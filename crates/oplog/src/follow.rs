@@ -112,11 +112,11 @@ impl<'a> LogFollower<'a> {
                 .read_batches(self.batch_id, MAX_BATCHES_PER_READ)
                 .await?;
             let first = batches.first().map(|(id, _)| *id);
-            if first != Some(self.batch_id + 1) {
+            if first != Some(self.batch_id.saturating_add(1)) {
                 return halt(self.missing(log, first).await);
             }
             for (id, bytes) in batches.into_iter().filter(|(id, _)| *id <= prefix.batch_id) {
-                if id != self.batch_id + 1 {
+                if id != self.batch_id.saturating_add(1) {
                     return halt(self.missing(log, Some(id)).await);
                 }
                 if let Err(e) = self.replayer.apply_bytes(&bytes) {
@@ -139,7 +139,7 @@ impl<'a> LogFollower<'a> {
     /// Why the next batch is not there: compacted away (this follower fell behind the floor),
     /// or missing.
     async fn missing(&self, log: &EtcdLog, found: Option<u64>) -> String {
-        let next = self.batch_id + 1;
+        let next = self.batch_id.saturating_add(1);
         let found = found.map_or(String::new(), |id| format!(" (found {id})"));
         match log.read_floor().await {
             Ok(Some(floor)) if floor.batch_id >= next => format!(

@@ -507,7 +507,7 @@ mod tests {
         // 500 µs stalled in 2 ms: a quarter.
         assert_eq!(waiting_share_ppm(1_000, 1_500, 2_000_000), Some(250_000));
         assert_eq!(waiting_share_ppm(1_000, 1_000, 2_000_000), Some(0));
-        // Stalls on several cores at once can add up to more than the time: capped at all of it.
+        // More stall than time passed (readings of two samplers interleaved): capped at all of it.
         assert_eq!(waiting_share_ppm(0, 5_000, 2_000_000), Some(1_000_000));
         // A total that went back (it never should) is no stall.
         assert_eq!(waiting_share_ppm(9_000, 1_000, 2_000_000), Some(0));

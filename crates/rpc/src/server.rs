@@ -82,8 +82,8 @@ pub trait Handler: Send + Sync + 'static {
     }
 }
 
-/// Most answers one connection holds back (deferred, or ready behind a deferred one) before it
-/// stops reading requests.
+/// Most deferred answers one connection holds back before it stops reading requests (ready
+/// answers are never held: they overtake deferred ones).
 pub const MAX_HELD_ANSWERS: usize = 4096;
 
 /// Default of [`ServerConfig::max_connections`].

@@ -894,8 +894,12 @@ impl MasterConfig {
                 "1 to 128 characters of [A-Za-z0-9_.-] with --enable_oplog".into(),
             ));
         }
-        if self.oplog_ack_timeout_ms == 0 {
-            return Err(invalid("oplog_ack_timeout_ms", "must be positive".into()));
+        // Bounded: a reply waits this long on a deadline computed from now.
+        if self.oplog_ack_timeout_ms == 0 || self.oplog_ack_timeout_ms > MAX_OPLOG_ACK_TIMEOUT_MS {
+            return Err(invalid(
+                "oplog_ack_timeout_ms",
+                format!("must be 1 to {MAX_OPLOG_ACK_TIMEOUT_MS}"),
+            ));
         }
         Ok(Some(OpLogSettings {
             endpoints,
@@ -996,6 +1000,9 @@ impl MasterConfig {
         Ok(())
     }
 }
+
+/// Largest `--oplog_ack_timeout_ms` (one hour).
+const MAX_OPLOG_ACK_TIMEOUT_MS: u64 = 3_600_000;
 
 #[cfg(test)]
 mod tests {
@@ -1197,6 +1204,22 @@ mod tests {
             (
                 &["--enable_oplog", "--etcd_endpoints=a:1", "--cluster_id=a/b"][..],
                 "cluster_id",
+            ),
+            (
+                &[
+                    "--enable_oplog",
+                    "--etcd_endpoints=a:1",
+                    "--oplog_ack_timeout_ms=18446744073709551615",
+                ][..],
+                "oplog_ack_timeout_ms",
+            ),
+            (
+                &[
+                    "--enable_oplog",
+                    "--etcd_endpoints=a:1",
+                    "--oplog_ack_timeout_ms=0",
+                ][..],
+                "oplog_ack_timeout_ms",
             ),
         ] {
             let err = load(args).unwrap_err();

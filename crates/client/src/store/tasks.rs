@@ -85,7 +85,8 @@ impl StoreClient {
         let mut master_has_more = true;
         let mut failure = None;
         loop {
-            let room = window - running.len();
+            // A master that sent more tasks than asked for leaves no room (never an underflow).
+            let room = window.saturating_sub(running.len());
             if master_has_more && room >= window / 2 && !inner.closed.load(Ordering::Acquire) {
                 let fetch = m::FetchTasks {
                     client: inner.client_id,
